@@ -1,0 +1,104 @@
+"""Job specs as users write them (``job.yaml`` in INTERFACES.md)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import Field, model_validator
+
+from allotment.domain.cluster import Duration, Model, Name, ResourcesField, RetryPolicy
+from allotment.domain.resources import Resources
+
+
+class JobType(StrEnum):
+    TRAINING = "training"
+    SERVICE = "service"
+    NOTEBOOK = "notebook"
+    BATCH = "batch"
+    EVAL = "eval"
+    DATA = "data"
+
+
+class ReplicaGroup(Model):
+    """``count`` identical replicas, each needing ``resources``."""
+
+    name: Name = "worker"
+    count: int = Field(default=1, ge=1, le=10_000)
+    resources: ResourcesField = Field(default_factory=Resources)
+
+
+class Mount(Model):
+    source: Annotated[str, Field(min_length=1, max_length=4096)]
+    target: Annotated[str, Field(min_length=1, max_length=4096)]
+    read_only: bool = True
+
+
+class ServiceSettings(Model):
+    """Inference services: elastic replicas behind a stable endpoint."""
+
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(default=1, ge=1)
+    port: int | None = Field(default=None, ge=1, le=65535)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ServiceSettings:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("min_replicas must not exceed max_replicas")
+        return self
+
+
+class NotebookSettings(Model):
+    """Notebooks and experiment environments: a time to live and an idle limit."""
+
+    ttl: Duration | None = None
+    idle_timeout: Duration | None = None
+
+
+class JobSpec(Model):
+    """What a user submits. The scheduler never sees a true duration, only
+    ``max_runtime`` (a limit) and ``expected_runtime`` (a hint)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=128)]
+    queue: str
+    type: JobType = JobType.TRAINING
+    priority_class: str | None = None
+    replicas: list[ReplicaGroup] = Field(min_length=1, max_length=64)
+    pools: list[str] = Field(default_factory=list)
+    image: str | None = None
+    command: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    mounts: list[Mount] = Field(default_factory=list)
+    max_runtime: Duration | None = None
+    expected_runtime: Duration | None = None
+    retry: RetryPolicy | None = None
+    service: ServiceSettings | None = None
+    notebook: NotebookSettings | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
+        names = [g.name for g in self.replicas]
+        if len(set(names)) != len(names):
+            raise ValueError("replica group names must be unique")
+        if (
+            self.max_runtime is not None
+            and self.expected_runtime is not None
+            and self.expected_runtime > self.max_runtime
+        ):
+            raise ValueError("expected_runtime must not exceed max_runtime")
+        if self.service is not None and self.type is not JobType.SERVICE:
+            raise ValueError("service settings need type: service")
+        if self.notebook is not None and self.type is not JobType.NOTEBOOK:
+            raise ValueError("notebook settings need type: notebook")
+        return self
+
+    @property
+    def replica_count(self) -> int:
+        return sum(g.count for g in self.replicas)
+
+    def total_resources(self) -> Resources:
+        """Everything the job asks for, all replicas together."""
+        total = Resources()
+        for group in self.replicas:
+            total = total + group.resources * group.count
+        return total

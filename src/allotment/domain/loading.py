@@ -1,0 +1,170 @@
+"""Reading ``cluster.yaml`` and ``job.yaml`` safely, with errors that name the line.
+
+YAML is parsed with the safe loader (no arbitrary tags), bounded in size and depth, and
+validated by the pydantic models; every problem becomes an :class:`Issue` with its
+dotted path and, where the YAML gives it, its line number.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from allotment.domain.cluster import Cluster, ClusterFile
+from allotment.domain.errors import ConfigError, InvalidInput, Issue
+from allotment.domain.job import JobSpec
+
+MAX_BYTES = 4 * 1024 * 1024
+MAX_DEPTH = 32
+
+_M = TypeVar("_M", bound=BaseModel)
+Lines = dict[tuple[str, ...], int]
+
+
+def _walk(node: yaml.Node, path: tuple[str, ...], lines: Lines, depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise ConfigError([Issue(path=".".join(path), message=f"nested deeper than {MAX_DEPTH}")])
+    lines.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            name = str(key.value)
+            lines[(*path, name)] = key.start_mark.line + 1
+            _walk(value, (*path, name), lines, depth + 1)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _walk(item, (*path, str(i)), lines, depth + 1)
+
+
+def parse_yaml(text: str, *, source: str | None = None) -> tuple[Any, Lines]:
+    """Parse YAML text safely; return the data and a map from key paths to line numbers."""
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
+        raise ConfigError(
+            [Issue(path="", message=f"file larger than {MAX_BYTES // 1024 // 1024} MiB")],
+            source=source,
+        )
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.load(text, Loader=yaml.SafeLoader)  # noqa: S506 - SafeLoader
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(
+            [Issue(path="", message=f"not valid YAML: {problem}", line=line)], source=source
+        ) from exc
+    lines: Lines = {}
+    if node is not None:
+        try:
+            _walk(node, (), lines, 0)
+        except ConfigError as exc:
+            raise ConfigError(exc.issues, source=source) from None
+    return data, lines
+
+
+def _line_for(loc: tuple[str, ...], lines: Lines) -> int | None:
+    for end in range(len(loc), -1, -1):
+        if loc[:end] in lines:
+            return lines[loc[:end]]
+    return None
+
+
+def _issues_from(exc: ValidationError, lines: Lines) -> list[Issue]:
+    issues = []
+    for error in exc.errors():
+        loc = tuple(str(part) for part in error["loc"] if not str(part).startswith("function-"))
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            message = f"unknown key {loc[-1]!r}; check the spelling against INTERFACES.md"
+        elif error["type"] == "missing":
+            message = f"missing required key {loc[-1]!r}"
+        message = message.removeprefix("Value error, ")
+        issues.append(Issue(path=".".join(loc), message=message, line=_line_for(loc, lines)))
+    return issues
+
+
+def validate_model(model: type[_M], data: Any, *, lines: Lines | None = None,
+                   source: str | None = None) -> _M:
+    """Validate ``data`` against ``model``; raise :class:`ConfigError` with every issue."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [Issue(path="", message="expected a mapping at the top of the file", line=1)],
+            source=source,
+        )
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_issues_from(exc, lines or {}), source=source) from exc
+
+
+def _read(path: str | Path) -> str:
+    file = Path(path)
+    try:
+        if file.stat().st_size > MAX_BYTES:
+            raise ConfigError([Issue(path="", message="file larger than 4 MiB")], source=str(path))
+        return file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"cannot read {path}: {exc}", fields={"path": str(path)}) from exc
+
+
+def load_cluster_text(text: str, *, source: str | None = None) -> Cluster:
+    """Parse and cross-check ``cluster.yaml`` text into a :class:`Cluster`."""
+    data, lines = parse_yaml(text, source=source)
+    file = validate_model(ClusterFile, data, lines=lines, source=source)
+    try:
+        return Cluster.from_file(file, source=source)
+    except ConfigError as exc:
+        issues = [
+            Issue(path=i.path, message=i.message,
+                  line=i.line or _line_for(tuple(i.path.split(".")), lines))
+            for i in exc.issues
+        ]
+        raise ConfigError(issues, source=source) from None
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Read and validate a cluster file."""
+    return load_cluster_text(_read(path), source=str(path))
+
+
+def load_job_text(text: str, *, source: str | None = None) -> JobSpec:
+    """Parse ``job.yaml`` text into a :class:`JobSpec` (shape only; the queue, pools and
+    priority class are checked against a cluster by :func:`check_job`)."""
+    data, lines = parse_yaml(text, source=source)
+    return validate_model(JobSpec, data, lines=lines, source=source)
+
+
+def load_job(path: str | Path) -> JobSpec:
+    """Read and validate a job file."""
+    return load_job_text(_read(path), source=str(path))
+
+
+def check_job(job: JobSpec, cluster: Cluster) -> list[Issue]:
+    """What is wrong with ``job`` on ``cluster``: unknown queue (listing the leaves),
+    a non-leaf queue, disallowed priority class or pools. Empty when acceptable."""
+    issues: list[Issue] = []
+    queue = cluster.queues.get(job.queue)
+    leaves = sorted(q.name for q in cluster.leaves)
+    if queue is None:
+        issues.append(Issue(path="queue", message=(
+            f"unknown queue {job.queue!r}; queues you can submit to: {', '.join(leaves)}")))
+        return issues
+    if not queue.is_leaf:
+        issues.append(Issue(path="queue", message=(
+            f"{job.queue!r} has child queues; submit to a leaf: {', '.join(leaves)}")))
+    if cluster.priority_class_for(queue, job.priority_class) is None:
+        allowed = queue.spec.priority_classes or sorted(cluster.priority_classes)
+        issues.append(Issue(path="priority_class", message=(
+            f"priority class {job.priority_class!r} is not allowed in queue {queue.name}; "
+            f"allowed: {', '.join(allowed)}")))
+    open_pools = cluster.allowed_pools(queue)
+    for i, pool in enumerate(job.pools):
+        if pool not in open_pools:
+            issues.append(Issue(path=f"pools.{i}", message=(
+                f"pool {pool!r} is not open to queue {queue.name}; "
+                f"open pools: {', '.join(open_pools) or 'none'}")))
+    return issues

@@ -1,0 +1,144 @@
+"""The scheduler's input: the fleet, the queues and the jobs at one instant.
+
+A snapshot is plain data. ``now`` is part of it: the core never reads a clock. Resource
+amounts are integer milli-units (see :mod:`allotment.domain.resources`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from allotment.domain.cluster import Cluster, Node
+from allotment.domain.resources import GPU
+
+
+@dataclass(slots=True, kw_only=True)
+class SchedulerPolicy:
+    """How a cycle behaves; trace replay names and composes these (``fifo-isolated``...)."""
+
+    name: str = "default"
+    borrowing: bool = True
+    """Queues may use idle quota of others within borrowing and lending limits."""
+    preemption: bool = True
+    """Higher priority may preempt lower priority within a queue (queue policy permitting)."""
+    reclaim: bool = True
+    """A queue within its nominal quota may take lent capacity back by preemption."""
+    fair_share: bool = True
+    """Order equal priorities across queues by weighted dominant-resource share."""
+    backfill: bool = True
+    """Jobs behind a blocked one may start if they do not delay its reservation."""
+    strict_fifo: bool = False
+    """Without backfill: a blocked head blocks the rest of its queue (Slurm/Helios FIFO)."""
+    aging_horizon: float = 4 * 3600.0
+    """Seconds of waiting worth one whole unit of fair share (no starvation); 0 = off."""
+    max_reservations: int = 8
+    """How many blocked jobs get a backfill reservation per cycle."""
+    backfill_depth: int = 64
+    """How many jobs per queue are looked at past a blocked one in one cycle."""
+    oracle: bool = False
+    """Replay only: the scheduler is shown true durations as expected runtimes."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaRequest:
+    """One replica group of a job: ``count`` replicas of ``resources`` (milli-units)."""
+
+    name: str = "worker"
+    count: int = 1
+    resources: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaPlacement:
+    """Where one replica runs: its node, what it holds there and its GPU device indexes.
+
+    A fractional GPU request (under 1000 milli-GPU) holds a share of one device.
+    """
+
+    group: str
+    index: int
+    node: str
+    resources: Mapping[str, int]
+    devices: tuple[int, ...] = ()
+
+
+@dataclass(slots=True, kw_only=True)
+class PendingJob:
+    """A job waiting for admission, as the scheduler sees it (never its true duration)."""
+
+    id: str
+    queue: str
+    priority_class: str
+    submit_time: float
+    replicas: tuple[ReplicaRequest, ...]
+    pools: tuple[str, ...] = ()
+    """Acceptable pools in preference order; empty means every pool the queue may use."""
+    max_runtime: float | None = None
+    expected_runtime: float | None = None
+    not_before: float | None = None
+    """Back-off: not before this time (seconds since the epoch)."""
+    preempting: tuple[str, ...] = ()
+    """Victims already preempted for this job and not yet gone."""
+
+    @property
+    def replica_count(self) -> int:
+        return sum(r.count for r in self.replicas)
+
+    def total(self) -> dict[str, int]:
+        """All replicas together, milli-units."""
+        out: dict[str, int] = {}
+        for group in self.replicas:
+            for key, amount in group.resources.items():
+                out[key] = out.get(key, 0) + amount * group.count
+        return out
+
+    @property
+    def gpus(self) -> int:
+        """Total milli-GPUs."""
+        return sum(r.resources.get(GPU, 0) * r.count for r in self.replicas)
+
+
+@dataclass(slots=True, kw_only=True)
+class RunningJob:
+    """A job that holds an allocation (admitted, starting or running)."""
+
+    id: str
+    queue: str
+    priority_class: str
+    pool: str
+    start_time: float
+    placements: tuple[ReplicaPlacement, ...]
+    expected_end: float | None = None
+    """When it is expected to end (expected runtime), if known."""
+    max_end: float | None = None
+    """When its max_runtime runs out, if it has one."""
+    terminating: bool = False
+    """Preempted or cancelled; its resources are still held until it is gone."""
+
+    def total(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for placement in self.placements:
+            for key, amount in placement.resources.items():
+                out[key] = out.get(key, 0) + amount
+        return out
+
+    @property
+    def end_bound(self) -> float | None:
+        """Best known end: expected, else the max_runtime limit, else unknown."""
+        return self.expected_end if self.expected_end is not None else self.max_end
+
+
+@dataclass(slots=True, kw_only=True)
+class Snapshot:
+    """Everything one cycle needs. ``nodes`` defaults to the cluster's declared nodes."""
+
+    now: float
+    cluster: Cluster
+    pending: Sequence[PendingJob] = ()
+    running: Sequence[RunningJob] = ()
+    nodes: Sequence[Node] | None = None
+    policy: SchedulerPolicy = field(default_factory=SchedulerPolicy)
+
+    def node_list(self) -> Sequence[Node]:
+        return list(self.cluster.nodes.values()) if self.nodes is None else self.nodes
