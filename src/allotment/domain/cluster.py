@@ -396,9 +396,9 @@ class Cluster:
         for queue in list(queues.values()):
             _check_guarantees(queue, issues)
         for name, pool in pools.items():
-            for entry in pool.queues or []:
-                if entry not in queues:
-                    issues.append(_unknown(f"pools.{name}.queues", "queue", entry, queues))
+            for queue_name in pool.queues or []:
+                if queue_name not in queues:
+                    issues.append(_unknown(f"pools.{name}.queues", "queue", queue_name, queues))
         if issues:
             raise ConfigError(issues, source=source)
         return cls(

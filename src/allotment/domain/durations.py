@@ -26,9 +26,7 @@ def parse_duration(value: object, *, name: str | None = None) -> float:
         elif text and _PART.sub("", text) == "":
             seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(text))
         else:
-            raise InvalidQuantity(
-                value, "expected a duration like 30s, 15m, 2h, 1d12h", name=name
-            )
+            raise InvalidQuantity(value, "expected a duration like 30s, 15m, 2h, 1d12h", name=name)
     else:
         raise InvalidQuantity(value, "expected a duration like 30s, 15m, 2h, 1d", name=name)
     if seconds != seconds or seconds < 0 or seconds == float("inf"):
@@ -38,7 +36,7 @@ def parse_duration(value: object, *, name: str | None = None) -> float:
 
 def format_duration(seconds: float) -> str:
     """``5400`` → ``1h30m``; for messages."""
-    whole = int(round(seconds))
+    whole = round(seconds)
     if whole < 60:
         return f"{whole}s"
     parts = []
@@ -114,7 +112,7 @@ class TimeWindow:
         if not self.days or self.start == self.end:
             return None
         base = int(at // 60) * 60
-        for step in range(0, 8 * 24 * 60 + 1):
+        for step in range(8 * 24 * 60 + 1):
             moment = base + step * 60
             if moment >= at and self.contains(moment):
                 return float(moment)

@@ -47,7 +47,7 @@ def parse_yaml(text: str, *, source: str | None = None) -> tuple[Any, Lines]:
         )
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.load(text, Loader=yaml.SafeLoader)  # noqa: S506 - SafeLoader
+        data = yaml.load(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
@@ -85,8 +85,9 @@ def _issues_from(exc: ValidationError, lines: Lines) -> list[Issue]:
     return issues
 
 
-def validate_model(model: type[_M], data: Any, *, lines: Lines | None = None,
-                   source: str | None = None) -> _M:
+def validate_model(
+    model: type[_M], data: Any, *, lines: Lines | None = None, source: str | None = None
+) -> _M:
     """Validate ``data`` against ``model``; raise :class:`ConfigError` with every issue."""
     if data is None:
         data = {}
@@ -119,8 +120,11 @@ def load_cluster_text(text: str, *, source: str | None = None) -> Cluster:
         return Cluster.from_file(file, source=source)
     except ConfigError as exc:
         issues = [
-            Issue(path=i.path, message=i.message,
-                  line=i.line or _line_for(tuple(i.path.split(".")), lines))
+            Issue(
+                path=i.path,
+                message=i.message,
+                line=i.line or _line_for(tuple(i.path.split(".")), lines),
+            )
             for i in exc.issues
         ]
         raise ConfigError(issues, source=source) from None
@@ -150,21 +154,43 @@ def check_job(job: JobSpec, cluster: Cluster) -> list[Issue]:
     queue = cluster.queues.get(job.queue)
     leaves = sorted(q.name for q in cluster.leaves)
     if queue is None:
-        issues.append(Issue(path="queue", message=(
-            f"unknown queue {job.queue!r}; queues you can submit to: {', '.join(leaves)}")))
+        issues.append(
+            Issue(
+                path="queue",
+                message=(
+                    f"unknown queue {job.queue!r}; queues you can submit to: {', '.join(leaves)}"
+                ),
+            )
+        )
         return issues
     if not queue.is_leaf:
-        issues.append(Issue(path="queue", message=(
-            f"{job.queue!r} has child queues; submit to a leaf: {', '.join(leaves)}")))
+        issues.append(
+            Issue(
+                path="queue",
+                message=(f"{job.queue!r} has child queues; submit to a leaf: {', '.join(leaves)}"),
+            )
+        )
     if cluster.priority_class_for(queue, job.priority_class) is None:
         allowed = queue.spec.priority_classes or sorted(cluster.priority_classes)
-        issues.append(Issue(path="priority_class", message=(
-            f"priority class {job.priority_class!r} is not allowed in queue {queue.name}; "
-            f"allowed: {', '.join(allowed)}")))
+        issues.append(
+            Issue(
+                path="priority_class",
+                message=(
+                    f"priority class {job.priority_class!r} is not allowed in queue {queue.name}; "
+                    f"allowed: {', '.join(allowed)}"
+                ),
+            )
+        )
     open_pools = cluster.allowed_pools(queue)
     for i, pool in enumerate(job.pools):
         if pool not in open_pools:
-            issues.append(Issue(path=f"pools.{i}", message=(
-                f"pool {pool!r} is not open to queue {queue.name}; "
-                f"open pools: {', '.join(open_pools) or 'none'}")))
+            issues.append(
+                Issue(
+                    path=f"pools.{i}",
+                    message=(
+                        f"pool {pool!r} is not open to queue {queue.name}; "
+                        f"open pools: {', '.join(open_pools) or 'none'}"
+                    ),
+                )
+            )
     return issues

@@ -65,7 +65,8 @@ def parse_quantity(value: object, *, name: str | None = None) -> int:
         match = _QUANTITY.match(value)
         if not match:
             raise InvalidQuantity(
-                value, "expected a number with an optional suffix like 500m, 64Gi, 2k",
+                value,
+                "expected a number with an optional suffix like 500m, 64Gi, 2k",
                 name=name,
             )
         digits, suffix = match.groups()

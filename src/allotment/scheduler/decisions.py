@@ -61,6 +61,8 @@ class Decisions:
     preemptions: list[Preempt] = field(default_factory=list)
     waiting: dict[str, Reason] = field(default_factory=dict)
     reservations: dict[str, float] = field(default_factory=dict)
+    positions: dict[str, int] = field(default_factory=dict)
+    """Each pending job's 1-based place in its queue's order."""
     stats: dict[str, Any] = field(default_factory=dict)
 
     def reason_for(self, job_id: str) -> Reason | None:

@@ -1,0 +1,96 @@
+"""Backfill reservations (EASY backfill, after Slurm's).
+
+When a job cannot start for lack of free capacity, it gets a *reservation*: the earliest
+time its placement frees up if the running jobs end at their expected (else maximum)
+end times, and the capacity on each node it will then use. Later jobs may still start
+if they are bounded to end before the reservation begins, or if they fit beside the
+reserved capacity (:meth:`Reservations.claims_for`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from allotment.domain.resources import GPU, MILLI
+from allotment.scheduler.placement import scratch_copy
+from allotment.scheduler.snapshot import PendingJob
+from allotment.scheduler.state import CycleState
+
+MAX_PLACEMENT_TRIES = 64
+
+
+@dataclass(slots=True)
+class Reservation:
+    job: str
+    pool: str
+    start: float
+    claims: dict[str, dict[str, int]]
+
+
+@dataclass(slots=True)
+class Reservations:
+    """The reservations made so far in a cycle and their merged node claims."""
+
+    items: list[Reservation] = field(default_factory=list)
+    merged: dict[str, dict[str, int]] = field(default_factory=dict)
+    earliest: float = math.inf
+
+    def add(self, reservation: Reservation) -> None:
+        self.items.append(reservation)
+        self.earliest = min(self.earliest, reservation.start)
+        for node, claim in reservation.claims.items():
+            bucket = self.merged.setdefault(node, {})
+            for key, amount in claim.items():
+                bucket[key] = bucket.get(key, 0) + amount
+
+    def claims_for(self, now: float, bound: float | None) -> dict[str, dict[str, int]] | None:
+        """The claims a job must leave free: none if it surely ends before every
+        reservation starts (``bound`` = its maximum runtime)."""
+        if not self.items:
+            return None
+        if bound is not None and now + bound <= self.earliest:
+            return None
+        return self.merged
+
+
+def plan_reservation(state: CycleState, job: PendingJob, pool: str) -> Reservation | None:
+    """When and where ``job`` could start in ``pool`` as running jobs end; None if it
+    cannot be found within the look-ahead bounds."""
+    holders = sorted(
+        state.by_pool.get(pool, {}).values(),
+        key=lambda h: (math.inf if h.end_bound is None else h.end_bound, -h.start_time),
+    )
+    if not holders:
+        return None
+    scratch = scratch_copy(state.placer, pool)
+    need_gpu = job.gpus
+    single = job.replica_count == 1
+    request = job.replicas[0].resources if single else {}
+    free_whole = sum(s.whole_free for s in scratch.by_pool.get(pool, ()))
+    tries = 0
+    for holder in holders:
+        scratch.release(holder.placements)
+        if single:
+            touched = {p.node for p in holder.placements}
+            if not any(scratch.nodes[n].fits(request) for n in touched if n in scratch.nodes):
+                continue
+        else:
+            free_whole = sum(s.whole_free for s in scratch.by_pool.get(pool, ()))
+            if free_whole * MILLI < need_gpu:
+                continue
+        tries += 1
+        if tries > MAX_PLACEMENT_TRIES:
+            return None
+        placed = scratch.place(pool, job.replicas)
+        if placed.ok:
+            start = math.inf if holder.end_bound is None else max(state.now, holder.end_bound)
+            claims: dict[str, dict[str, int]] = {}
+            for placement in placed.placements:
+                bucket = claims.setdefault(placement.node, {})
+                for key, amount in placement.resources.items():
+                    bucket[key] = bucket.get(key, 0) + amount
+                if placement.resources.get(GPU, 0) and GPU not in bucket:
+                    bucket[GPU] = 0
+            return Reservation(job=job.id, pool=pool, start=start, claims=claims)
+    return None

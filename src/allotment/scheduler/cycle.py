@@ -1,0 +1,543 @@
+"""One scheduling cycle: ``schedule_once(snapshot) -> Decisions``.
+
+Pure: no clock (``now`` is in the snapshot), no I/O. The phases:
+
+1. **state** — free capacity per node and quota usage per queue from the snapshot;
+2. **lines** — each leaf queue's pending jobs in order; closed queues (time windows)
+   and unknown queues answered at once;
+3. **nominated** — jobs whose victims are still terminating keep their capacity;
+4. **order → nominate → admit or preempt** — queue heads in priority / fair-share
+   order; each head is tried in its pools (quota, then placement), else preemption,
+   else it waits and, if short of free capacity, gets a backfill reservation;
+5. **the rest** — every job not looked at gets a reason (what it is behind).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from enum import Enum, auto
+
+from allotment.domain.cluster import PriorityClass, Queue
+from allotment.domain.durations import format_duration, next_window_open, window_open
+from allotment.domain.reasons import Reason, ReasonCode, most_relevant
+from allotment.domain.resources import GPU, MILLI, format_quantity
+from allotment.scheduler import ordering
+from allotment.scheduler.backfill import Reservation, Reservations, plan_reservation
+from allotment.scheduler.decisions import Admit, Decisions, Preempt
+from allotment.scheduler.placement import PlacementResult
+from allotment.scheduler.preemption import describe, find_victims
+from allotment.scheduler.quota import QuotaCheck
+from allotment.scheduler.snapshot import PendingJob, Snapshot
+from allotment.scheduler.state import CycleState, Holder
+
+
+class Outcome(Enum):
+    ADMITTED = auto()
+    PREEMPTING = auto()
+    GATED = auto()
+    """Not runnable now for a reason of its own; the queue moves on."""
+    QUOTA = auto()
+    """Out of quota; later jobs of the queue wait behind it."""
+    CAPACITY = auto()
+    """Quota allows it, free capacity does not; it may get a reservation."""
+
+
+@dataclass(slots=True)
+class Line:
+    """One leaf queue's pending jobs in order, and how far the cycle got."""
+
+    queue: Queue
+    jobs: list[PendingJob]
+    values: list[int]
+    index: int = 0
+    past_block: int = 0
+    blocker: PendingJob | None = None
+    blocker_reason: Reason | None = None
+    done: bool = False
+
+
+@dataclass(slots=True)
+class _Cycle:
+    snapshot: Snapshot
+    state: CycleState
+    decisions: Decisions
+    reservations: Reservations = field(default_factory=Reservations)
+    taken: set[str] = field(default_factory=set)
+    no_fit: dict[tuple[object, ...], Reason] = field(default_factory=dict)
+    examined: int = 0
+
+    # ------------------------------------------------------------ phase 2
+
+    def lines(self) -> list[Line]:
+        cluster = self.state.cluster
+        now = self.state.now
+        grouped: dict[str, list[PendingJob]] = {}
+        for job in self.snapshot.pending:
+            grouped.setdefault(job.queue, []).append(job)
+        lines = []
+        for name, jobs in grouped.items():
+            queue = cluster.queues.get(name)
+            if queue is None or not queue.is_leaf:
+                leaves = ", ".join(sorted(q.name for q in cluster.leaves))
+                what = "is not a leaf queue" if queue is not None else "does not exist"
+                reason = Reason(
+                    ReasonCode.INVALID,
+                    f"queue {name} {what}; leaf queues: {leaves}",
+                    {"queue": name},
+                )
+                for position, job in enumerate(jobs, 1):
+                    self.decisions.waiting[job.id] = reason
+                    self.decisions.positions[job.id] = position
+                continue
+            classes = cluster.priority_classes
+            values = {
+                j.id: classes[j.priority_class].value if j.priority_class in classes else -1_000_000
+                for j in jobs
+            }
+            jobs.sort(key=lambda j: ordering.within_queue_key(j, values[j.id]))
+            for position, job in enumerate(jobs, 1):
+                self.decisions.positions[job.id] = position
+            if not window_open(queue.time_windows, now):
+                opens = next_window_open(queue.time_windows, now)
+                when = "never" if opens is None else f"in {format_duration(opens - now)}"
+                reason = Reason(
+                    ReasonCode.OUTSIDE_TIME_WINDOW,
+                    f"queue {name} admits nothing at this hour; it opens {when}",
+                    {"queue": name, "opens_at": opens},
+                )
+                for job in jobs:
+                    self.decisions.waiting[job.id] = reason
+                continue
+            lines.append(Line(queue=queue, jobs=jobs, values=[values[j.id] for j in jobs]))
+        return lines
+
+    # ------------------------------------------------------------ phase 3
+
+    def nominated(self, lines: list[Line]) -> None:
+        """Preemptors whose victims are still terminating keep the capacity freed for
+        them; once the victims are gone they are tried first."""
+        for line in lines:
+            for job in line.jobs:
+                if not job.preempting:
+                    continue
+                still = [self.state.holders[v] for v in job.preempting if v in self.state.holders]
+                if not still:
+                    continue  # victims gone: tried first in phase 4
+                pool = still[0].pool
+                for holder in still:
+                    self.state.unhold(holder)
+                placed = self.state.placer.place(pool, job.replicas)
+                for holder in still:
+                    self.state.hold(holder)
+                if not placed.ok:
+                    continue  # no longer enough: it competes again in phase 4
+                self._reserve_for_preemptor(job, pool, placed, still)
+                self.taken.update(h.id for h in still)
+                names = ", ".join(h.id for h in still)
+                self.decisions.waiting[job.id] = Reason(
+                    ReasonCode.WAITING_FOR_PREEMPTION,
+                    f"waiting for {names} to stop; their resources in pool {pool} are held "
+                    "for this job",
+                    {"pool": pool, "victims": [h.id for h in still]},
+                )
+
+    def _reserve_for_preemptor(
+        self, job: PendingJob, pool: str, placed: PlacementResult, victims: list[Holder]
+    ) -> None:
+        releasing: dict[str, dict[str, int]] = {}
+        for holder in victims:
+            for p in holder.placements:
+                bucket = releasing.setdefault(p.node, {})
+                for key, amount in p.resources.items():
+                    bucket[key] = bucket.get(key, 0) + amount
+        claims: dict[str, dict[str, int]] = {}
+        for p in placed.placements:
+            bucket = claims.setdefault(p.node, {})
+            for key, amount in p.resources.items():
+                bucket[key] = bucket.get(key, 0) + amount
+        for node, claim in claims.items():
+            freed = releasing.get(node, {})
+            for key in list(claim):
+                claim[key] = max(0, claim[key] - freed.get(key, 0))
+        self.reservations.add(
+            Reservation(job=job.id, pool=pool, start=self.state.now, claims=claims)
+        )
+
+    # ------------------------------------------------------------ phase 4
+
+    def run(self, lines: list[Line]) -> None:
+        heap: list[tuple[ordering.QueueKey, int]] = []
+        shares: dict[str, float] = {}
+        for i, line in enumerate(lines):
+            self._push(heap, i, line, shares)
+        while heap:
+            _, i = heapq.heappop(heap)
+            line = lines[i]
+            job = line.jobs[line.index]
+            outcome, reason = self._try(job, line)
+            self.examined += 1
+            if outcome is Outcome.ADMITTED:
+                shares.pop(line.queue.name, None)
+            elif reason is not None:
+                self.decisions.waiting[job.id] = reason
+            line.index += 1
+            if outcome is Outcome.QUOTA or (
+                outcome is Outcome.CAPACITY
+                and self.state.policy.strict_fifo
+                and not self.state.policy.backfill
+            ):
+                line.blocker, line.blocker_reason = job, reason
+                line.done = True
+            elif outcome is not Outcome.ADMITTED:
+                if line.blocker is None:
+                    line.blocker, line.blocker_reason = job, reason
+                line.past_block += 1
+                if line.past_block > self.state.policy.backfill_depth:
+                    line.done = True
+            if not line.done and line.index < len(line.jobs):
+                self._push(heap, i, line, shares)
+
+    def _push(
+        self,
+        heap: list[tuple[ordering.QueueKey, int]],
+        i: int,
+        line: Line,
+        shares: dict[str, float],
+    ) -> None:
+        # Skip jobs already answered in phase 3.
+        while line.index < len(line.jobs) and line.jobs[line.index].id in self.decisions.waiting:
+            line.index += 1
+        if line.index >= len(line.jobs):
+            return
+        name = line.queue.name
+        share = shares.get(name)
+        if share is None:
+            share = shares[name] = self.state.quota.dominant_share(name)
+        job = line.jobs[line.index]
+        key = ordering.across_queues_key(
+            job, line.values[line.index], share, self.state.now, self.state.policy
+        )
+        heapq.heappush(heap, (key, i))
+
+    def _gate(
+        self, job: PendingJob, queue: Queue
+    ) -> tuple[Reason | None, PriorityClass | None, list[str]]:
+        cluster = self.state.cluster
+        klass = cluster.priority_classes.get(job.priority_class)
+        if klass is None or (
+            queue.spec.priority_classes is not None
+            and job.priority_class not in queue.spec.priority_classes
+        ):
+            allowed = queue.spec.priority_classes or sorted(cluster.priority_classes)
+            return (
+                Reason(
+                    ReasonCode.INVALID,
+                    f"priority class {job.priority_class!r} is not allowed in queue "
+                    f"{queue.name}; allowed: {', '.join(allowed)}",
+                    {"queue": queue.name, "priority_class": job.priority_class},
+                ),
+                None,
+                [],
+            )
+        for group in job.replicas:
+            gpu = group.resources.get(GPU, 0)
+            if gpu > MILLI and gpu % MILLI:
+                return (
+                    Reason(
+                        ReasonCode.INVALID,
+                        f"replica group {group.name} asks for {format_quantity(GPU, gpu)} "
+                        "GPUs; above one GPU, ask for whole GPUs",
+                        {"group": group.name},
+                    ),
+                    klass,
+                    [],
+                )
+        if job.not_before is not None and job.not_before > self.state.now:
+            return (
+                Reason(
+                    ReasonCode.BACKOFF,
+                    f"retry back-off: eligible in "
+                    f"{format_duration(job.not_before - self.state.now)}",
+                    {"not_before": job.not_before},
+                ),
+                klass,
+                [],
+            )
+        open_pools = cluster.allowed_pools(queue)
+        pools = [p for p in job.pools if p in open_pools] if job.pools else open_pools
+        if not pools:
+            asked = ", ".join(job.pools) or "any"
+            return (
+                Reason(
+                    ReasonCode.POOL_NOT_ALLOWED,
+                    f"none of the pools asked for ({asked}) is open to queue {queue.name};"
+                    f" open pools: {', '.join(open_pools) or 'none'}",
+                    {"queue": queue.name, "pools": list(job.pools), "allowed": open_pools},
+                ),
+                klass,
+                [],
+            )
+        total = job.total()
+        limit = queue.spec.max_job
+        if limit is not None and not all(total.get(k, 0) <= limit[k] for k in limit):
+            over = {
+                k: format_quantity(k, total.get(k, 0)) for k in limit if total.get(k, 0) > limit[k]
+            }
+            return (
+                Reason(
+                    ReasonCode.EXCEEDS_QUEUE_LIMIT,
+                    f"queue {queue.name} accepts jobs up to "
+                    f"{', '.join(f'{v} {k}' for k, v in limit.display().items())}; "
+                    f"this job asks for {', '.join(f'{v} {k}' for k, v in over.items())}",
+                    {"queue": queue.name, "max_job": limit.display(), "requested": over},
+                ),
+                klass,
+                [],
+            )
+        fitting = [p for p in pools if all(self._ever_fits(p, g.resources) for g in job.replicas)]
+        if not fitting:
+            return (
+                Reason(
+                    ReasonCode.NO_NODE_FITS,
+                    f"no node in pool(s) {', '.join(pools)} is large enough for one "
+                    "replica, even when empty",
+                    {"pools": pools, "permanent": True},
+                ),
+                klass,
+                [],
+            )
+        ceiling = self._quota_ceiling(queue, fitting, total)
+        if ceiling is not None:
+            return ceiling, klass, []
+        return None, klass, fitting
+
+    def _ever_fits(self, pool: str, request: object) -> bool:
+        key = ("ever", pool, _shape_of(request))
+        cached = self.no_fit.get(key)
+        if cached is not None:
+            return cached.code is not ReasonCode.NO_NODE_FITS
+        assert isinstance(request, dict) or hasattr(request, "items")
+        ok = self.state.placer.ever_fits(pool, request)  # type: ignore[arg-type]
+        self.no_fit[key] = Reason(ReasonCode.INVALID if ok else ReasonCode.NO_NODE_FITS, "")
+        return ok
+
+    def _quota_ceiling(
+        self, queue: Queue, pools: list[str], total: dict[str, int]
+    ) -> Reason | None:
+        """The job can never fit its queue's quota (limits alone, ignoring other usage)."""
+        spec = queue.spec
+        for pool in pools:
+            nominal = queue.nominal.get(pool)
+            if not self.state.policy.borrowing:
+                if nominal is None:
+                    continue
+                ceiling = nominal.as_dict()
+            elif spec.borrowing_limit and pool in spec.borrowing_limit:
+                ceiling = {
+                    k: (nominal[k] if nominal else 0) + v
+                    for k, v in spec.borrowing_limit[pool].items()
+                }
+            else:
+                return None
+            if all(total.get(k, 0) <= v for k, v in ceiling.items()):
+                return None
+        if not self.state.policy.borrowing and not any(queue.nominal.get(p) for p in pools):
+            return Reason(
+                ReasonCode.EXCEEDS_QUEUE_LIMIT,
+                f"queue {queue.name} has no quota in pool(s) {', '.join(pools)} and "
+                "borrowing is off",
+                {"queue": queue.name, "pools": pools},
+            )
+        return Reason(
+            ReasonCode.EXCEEDS_QUEUE_LIMIT,
+            f"this job is larger than queue {queue.name}'s quota (with its borrowing "
+            f"limit) could ever allow in pool(s) {', '.join(pools)}",
+            {
+                "queue": queue.name,
+                "pools": pools,
+                "requested": {k: format_quantity(k, v) for k, v in total.items()},
+            },
+        )
+
+    def _try(self, job: PendingJob, line: Line) -> tuple[Outcome, Reason | None]:
+        queue = line.queue
+        gate, klass, pools = self._gate(job, queue)
+        if gate is not None or klass is None:
+            return Outcome.GATED, gate
+        state = self.state
+        total = job.total()
+        bound = job.max_runtime if job.max_runtime is not None else job.expected_runtime
+        claims = self.reservations.claims_for(state.now, bound)
+        shape = _job_shape(job)
+        reasons: list[Reason] = []
+        held_back: list[str] = []
+        for pool in pools:
+            check = state.quota.check(queue.name, pool, total)
+            if not check.fits:
+                reasons.append(_quota_reason(check, pool, queue.name))
+                continue
+            key = (pool, shape, claims is not None)
+            cached = self.no_fit.get(key)
+            if cached is not None:
+                placed = PlacementResult(reason=cached)
+            else:
+                placed = state.placer.place(pool, job.replicas, claims=claims)
+            if placed.ok:
+                self._admit(job, queue, klass, pool, placed, check)
+                return Outcome.ADMITTED, None
+            assert placed.reason is not None
+            self.no_fit[key] = placed.reason
+            if claims is not None and state.placer.place(pool, job.replicas).ok:
+                held_back.append(pool)
+            reasons.append(placed.reason)
+        if state.policy.preemption or state.policy.reclaim:
+            for pool in pools:
+                plan = find_victims(state, job, queue, pool, klass, self.taken)
+                if plan is not None:
+                    return Outcome.PREEMPTING, self._preempt(job, queue, klass, pool, plan)
+        if held_back:
+            first = self.reservations.items[0]
+            return Outcome.CAPACITY, Reason(
+                ReasonCode.BEHIND_HIGHER_PRIORITY,
+                f"it would fit in pool {held_back[0]} now, but the capacity is reserved for "
+                f"{first.job}, which goes first; it may start earlier only if its max_runtime "
+                "ends before that reservation",
+                {
+                    "pool": held_back[0],
+                    "reserved_for": [r.job for r in self.reservations.items],
+                    "queue": queue.name,
+                },
+            )
+        reason = most_relevant(reasons)
+        if reason.code is ReasonCode.QUOTA_EXHAUSTED:
+            return Outcome.QUOTA, reason
+        if state.policy.backfill and len(self.reservations.items) < state.policy.max_reservations:
+            for pool in pools:
+                if not state.quota.check(queue.name, pool, total).fits:
+                    continue
+                reservation = plan_reservation(state, job, pool)
+                if reservation is not None:
+                    self.reservations.add(reservation)
+                    self.decisions.reservations[job.id] = reservation.start
+                    break
+        return Outcome.CAPACITY, reason
+
+    def _admit(
+        self,
+        job: PendingJob,
+        queue: Queue,
+        klass: PriorityClass,
+        pool: str,
+        placed: PlacementResult,
+        check: QuotaCheck,
+    ) -> None:
+        state = self.state
+        borrowed = dict(check.borrowed)
+        if klass.borrow_only:
+            borrowed = job.total()
+        lenders = state.quota.lenders(queue.name, pool, borrowed) if borrowed else ()
+        runtime = job.expected_runtime if job.expected_runtime is not None else job.max_runtime
+        holder = state.new_holder(
+            job_id=job.id,
+            queue=queue.name,
+            pool=pool,
+            klass=klass,
+            placements=placed.placements,
+            total=job.total(),
+            runtime=runtime,
+        )
+        state.hold(holder)
+        self.decisions.admitted.append(
+            Admit(
+                job=job.id,
+                queue=queue.name,
+                pool=pool,
+                placements=placed.placements,
+                borrowed=borrowed,
+                lenders=lenders,
+                backfilled=bool(self.reservations.items),
+            )
+        )
+
+    def _preempt(
+        self, job: PendingJob, queue: Queue, klass: PriorityClass, pool: str, plan: object
+    ) -> Reason:
+        from allotment.scheduler.preemption import VictimPlan
+
+        assert isinstance(plan, VictimPlan)
+        victims = tuple(describe(h, cause, job, klass, pool) for h, cause in plan.victims)
+        holders = [h for h, _ in plan.victims]
+        self.taken.update(h.id for h in holders)
+        self._reserve_for_preemptor(job, pool, plan.placement, holders)
+        names = ", ".join(v.job for v in victims)
+        reason = Reason(
+            ReasonCode.WAITING_FOR_PREEMPTION,
+            f"preempting {names} in pool {pool}; their resources are held for this job",
+            {
+                "pool": pool,
+                "victims": [v.job for v in victims],
+                "causes": sorted({v.cause for v in victims}),
+            },
+        )
+        self.decisions.preemptions.append(
+            Preempt(job=job.id, queue=queue.name, pool=pool, victims=victims, reason=reason)
+        )
+        return reason
+
+    # ------------------------------------------------------------ phase 5
+
+    def rest(self, lines: list[Line]) -> None:
+        waiting = self.decisions.waiting
+        for line in lines:
+            if line.index >= len(line.jobs):
+                continue
+            blocker = line.blocker
+            if blocker is not None:
+                why = line.blocker_reason.code.value if line.blocker_reason else "waiting"
+                reason = Reason(
+                    ReasonCode.BEHIND_HIGHER_PRIORITY,
+                    f"behind {blocker.id} in queue {line.queue.name}, which waits ({why})",
+                    {"queue": line.queue.name, "blocking_job": blocker.id, "blocking_reason": why},
+                )
+            else:
+                reason = Reason(
+                    ReasonCode.BEHIND_HIGHER_PRIORITY,
+                    f"behind other jobs of queue {line.queue.name}",
+                    {"queue": line.queue.name},
+                )
+            for job in line.jobs[line.index :]:
+                if job.id not in waiting:
+                    waiting[job.id] = reason
+
+
+def _shape_of(resources: object) -> tuple[tuple[str, int], ...]:
+    items = resources.items() if hasattr(resources, "items") else ()
+    return tuple(sorted(items))
+
+
+def _job_shape(job: PendingJob) -> tuple[object, ...]:
+    return tuple((g.count, _shape_of(g.resources)) for g in job.replicas)
+
+
+def _quota_reason(check: QuotaCheck, pool: str, leaf: str) -> Reason:
+    return Reason(ReasonCode.QUOTA_EXHAUSTED, check.message(pool, leaf), check.detail(pool))
+
+
+def schedule_once(snapshot: Snapshot) -> Decisions:
+    """Decide, for every pending job, admit (with placement and borrowed part), preempt
+    (with victims and cause) or wait (with a reason). Pure and deterministic."""
+    state = CycleState(snapshot)  # 1. state
+    decisions = Decisions(now=snapshot.now)
+    cycle = _Cycle(snapshot=snapshot, state=state, decisions=decisions)
+    lines = cycle.lines()  # 2. lines
+    cycle.nominated(lines)  # 3. nominated
+    cycle.run(lines)  # 4. order → nominate → admit / preempt / wait
+    cycle.rest(lines)  # 5. the rest
+    decisions.stats = {
+        "examined": cycle.examined,
+        "admitted": len(decisions.admitted),
+        "preemptions": len(decisions.preemptions),
+        "reservations": len(cycle.reservations.items),
+    }
+    return decisions

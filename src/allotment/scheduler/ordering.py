@@ -1,0 +1,32 @@
+"""Who goes first (R2.2, R2.3).
+
+Within a queue: higher priority class first, then first come, first served. Across
+queues: higher priority class first; among equal classes, the queue with the lower
+weighted dominant-resource share (usage / nominal quota, the largest over pools and
+resources) goes first, so a queue below its guarantee goes before one above it; waiting
+lowers the key by ``wait / aging_horizon`` so that no job starves. Without fair share,
+equal classes are served in submission order across queues.
+"""
+
+from __future__ import annotations
+
+from allotment.scheduler.snapshot import PendingJob, SchedulerPolicy
+
+QueueKey = tuple[int, float, float, str]
+
+
+def within_queue_key(job: PendingJob, value: int) -> tuple[int, float, str]:
+    """Sort key of a job in its queue: class value (high first), submit time, id."""
+    return (-value, job.submit_time, job.id)
+
+
+def across_queues_key(
+    job: PendingJob, value: int, share: float, now: float, policy: SchedulerPolicy
+) -> QueueKey:
+    """Sort key of a queue by its head job; lower goes first."""
+    if not policy.fair_share:
+        return (-value, job.submit_time, job.submit_time, job.id)
+    age = 0.0
+    if policy.aging_horizon > 0:
+        age = max(0.0, now - job.submit_time) / policy.aging_horizon
+    return (-value, share - age, job.submit_time, job.id)

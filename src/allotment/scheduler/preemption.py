@@ -1,0 +1,155 @@
+"""Victim search: the smallest set of running jobs whose removal lets a job in (R2.2).
+
+Candidates, in the order they are given up: ``borrow_only`` jobs first, then the lowest
+priority, then the least run time lost (the most recently started). A job may take:
+
+* within its own queue, jobs of lower priority when the queue's
+  ``preemption.within_queue`` is ``lower_priority`` (``any``: equal priority too);
+* from other queues, jobs of queues that are *borrowing* in that pool, when its own
+  queue stays within its nominal quota and ``preemption.reclaim`` allows (``any`` or
+  ``lower_priority``);
+* ``borrow_only`` jobs of any queue, unless its queue says ``reclaim: never``.
+
+Never a job of a non-preemptible class, one already terminating, or one already chosen.
+The search removes candidates one by one (undoable what-ifs) until the job fits in
+quota and on nodes, then gives back every victim it can do without, and verifies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from allotment.domain.cluster import PriorityClass, Queue
+from allotment.scheduler.decisions import Victim
+from allotment.scheduler.placement import PlacementResult
+from allotment.scheduler.snapshot import PendingJob
+from allotment.scheduler.state import CycleState, Holder
+
+MAX_CANDIDATES = 512
+"""Bound on the candidates examined for one preemptor (keeps a cycle fast)."""
+
+
+@dataclass(slots=True)
+class VictimPlan:
+    victims: list[tuple[Holder, str]]
+    placement: PlacementResult
+
+
+def _cause(
+    state: CycleState, job_class: PriorityClass, leaf: Queue, holder: Holder, reclaim_ok: bool
+) -> str | None:
+    klass = holder.klass
+    if not klass.preemptible or holder.terminating:
+        return None
+    policy = leaf.spec.preemption
+    if klass.borrow_only and not job_class.borrow_only:
+        same = holder.queue == leaf.name
+        if same and state.policy.preemption and policy.within_queue != "never":
+            return "borrow_only"
+        if not same and state.policy.reclaim and policy.reclaim != "never":
+            return "borrow_only"
+        return None
+    if holder.queue == leaf.name:
+        if not state.policy.preemption:
+            return None
+        mode = policy.within_queue
+        if mode == "lower_priority" and klass.value < job_class.value:
+            return "within_queue"
+        if mode == "any" and klass.value <= job_class.value:
+            return "within_queue"
+        return None
+    if not reclaim_ok:
+        return None
+    if policy.reclaim == "any" or (
+        policy.reclaim == "lower_priority" and klass.value < job_class.value
+    ):
+        return "reclaim"
+    return None
+
+
+def find_victims(
+    state: CycleState,
+    job: PendingJob,
+    leaf: Queue,
+    pool: str,
+    job_class: PriorityClass,
+    taken: set[str],
+) -> VictimPlan | None:
+    """Victims that let ``job`` into ``pool``, with its placement once they are gone;
+    None when no allowed set suffices. Leaves ``state`` as it found it."""
+    if not job_class.can_preempt or job_class.borrow_only:
+        return None
+    total = job.total()
+    reclaim_ok = state.policy.reclaim and state.quota.within_nominal(leaf.name, pool, total)
+    candidates: list[tuple[Holder, str]] = []
+    for holder in state.by_pool.get(pool, {}).values():
+        if holder.id in taken:
+            continue
+        cause = _cause(state, job_class, leaf, holder, reclaim_ok)
+        if cause is not None:
+            candidates.append((holder, cause))
+    if not candidates:
+        return None
+    candidates.sort(
+        key=lambda c: (0 if c[0].klass.borrow_only else 1, c[0].klass.value, -c[0].start_time)
+    )
+    candidates = candidates[:MAX_CANDIDATES]
+
+    def fits() -> PlacementResult | None:
+        if not state.quota.check(leaf.name, pool, total).fits:
+            return None
+        placed = state.placer.place(pool, job.replicas)
+        return placed if placed.ok else None
+
+    removed: list[tuple[Holder, str]] = []
+    placement: PlacementResult | None = None
+    try:
+        for holder, cause in candidates:
+            if cause == "reclaim" and not state.quota.is_borrowing(holder.queue, pool):
+                continue  # that queue is back within its guarantee
+            state.unhold(holder)
+            removed.append((holder, cause))
+            placement = fits()
+            if placement is not None:
+                break
+        if placement is None:
+            return None
+        # Give back every victim the job can do without, most valuable first.
+        for item in sorted(removed, key=lambda c: (-c[0].klass.value, c[0].start_time)):
+            state.hold(item[0])
+            again = fits()
+            if again is None:
+                state.unhold(item[0])
+            else:
+                removed.remove(item)
+                placement = again
+        final = fits()
+        if final is None:  # pragma: no cover - guarded by the loop above
+            return None
+        return VictimPlan(victims=removed, placement=final)
+    finally:
+        for holder, _ in removed:
+            state.hold(holder)
+
+
+def describe(
+    holder: Holder, cause: str, job: PendingJob, job_class: PriorityClass, pool: str
+) -> Victim:
+    """The victim record, with a cause its owner can read."""
+    if cause == "within_queue":
+        text = (
+            f"preempted for {job.id} in queue {holder.queue}: priority "
+            f"{job_class.name} ({job_class.value}) over {holder.klass.name} "
+            f"({holder.klass.value})"
+        )
+    elif cause == "borrow_only":
+        text = (
+            f"preempted for {job.id} (queue {job.queue}): {holder.klass.name} jobs run "
+            f"only on idle capacity of pool {pool}, which is needed back"
+        )
+    else:
+        text = (
+            f"reclaimed for {job.id}: queue {holder.queue} was borrowing in pool {pool} "
+            f"and queue {job.queue} needs its guaranteed quota back"
+        )
+    return Victim(job=holder.id, queue=holder.queue, cause=cause, message=text)

@@ -1,0 +1,325 @@
+"""The hierarchical quota tree: nominal quota, borrowing and lending (R1.2, R1.3, R3.1).
+
+Per pool and resource, every queue has a *usage* (its subtree's jobs) and a *demand*
+``D``: for a leaf its usage, for an inner queue the sum of its children's *occupancy*
+``occ(c) = max(D(c), reserved(c))``, where ``reserved(c)`` is the part of ``c``'s nominal
+quota it does not lend (``nominal - lending_limit``). The virtual root's nominal is the
+pool's capacity. A request fits when, at every level of its path,
+
+* ``D(q) + Δ <= nominal(q) + borrowing_limit(q)`` where a borrowing limit is set, and
+* the root's demand stays within the pool's capacity.
+
+So idle guaranteed quota flows to siblings via the parent, a lending limit keeps part of
+it back, and a queue above its nominal is *borrowing* and may be reclaimed. Quotas limit
+only the resources they name; unnamed resources are limited by the pool's capacity.
+With borrowing switched off, a leaf may use at most the nominal it names, and nothing of
+a pool where it names nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from allotment.domain.cluster import Cluster, Queue
+from allotment.domain.resources import to_units
+
+ROOT = ""
+"""The virtual root of every pool's tree: the pool's own capacity."""
+
+Amounts = dict[str, int]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QuotaCheck:
+    """The answer to "may this queue take this much more in this pool?"."""
+
+    fits: bool
+    borrowed: Amounts = field(default_factory=dict)
+    """Milli-units of the request above the leaf's unused nominal quota."""
+    blocking_queue: str | None = None
+    """The level that said no (``ROOT`` for the pool's capacity)."""
+    resource: str | None = None
+    requested: int = 0
+    used: int = 0
+    nominal: int | None = None
+    borrowable: int = 0
+
+    def detail(self, pool: str) -> dict[str, object]:
+        return {
+            "queue": self.blocking_queue or "cluster",
+            "pool": pool,
+            "resource": self.resource,
+            "requested": _units(self.requested),
+            "used": _units(self.used),
+            "nominal": None if self.nominal is None else _units(self.nominal),
+            "borrowable": _units(self.borrowable),
+        }
+
+    def message(self, pool: str, leaf: str) -> str:
+        res = self.resource or "?"
+        req = _units(self.requested)
+        if self.blocking_queue == ROOT:
+            return (
+                f"pool {pool} is full for queue {leaf}: {req} {res} requested, "
+                f"{_units(self.used)} of {_units(self.nominal or 0)} in use across all queues"
+            )
+        nominal = "no" if self.nominal is None else f"{_units(self.nominal)}"
+        where = f"queue {self.blocking_queue}"
+        if self.blocking_queue != leaf:
+            where = f"queue {leaf} (limit set by {self.blocking_queue})"
+        return (
+            f"{where}: {req} {res} requested in pool {pool}, {_units(self.used)} of "
+            f"{nominal} nominal used, {_units(self.borrowable)} borrowable"
+        )
+
+
+def _units(milli: int) -> float | int:
+    value = to_units(milli)
+    return int(value) if value == int(value) else value
+
+
+class QuotaTree:
+    """Usage and limits of the whole queue tree for every pool; mutable, with what-if
+    changes undone by :meth:`remove` (the exact inverse of :meth:`add`)."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        capacity: Mapping[str, Mapping[str, int]],
+        *,
+        borrowing: bool = True,
+    ) -> None:
+        self.borrowing = borrowing
+        self.pools = list(capacity)
+        self._parent: dict[str, str] = {}
+        self._chain: dict[str, tuple[str, ...]] = {}
+        self._children: dict[str, list[str]] = {ROOT: [q.name for q in cluster.roots]}
+        self._weight: dict[str, float] = {}
+        self._nominal: dict[tuple[str, str], Amounts] = {}
+        self._limit: dict[tuple[str, str], Amounts] = {}
+        self._reserved: dict[tuple[str, str], Amounts] = {}
+        self._usage: dict[tuple[str, str], Amounts] = {}
+        self._demand: dict[tuple[str, str], Amounts] = {}
+        self._guaranteed: dict[tuple[str, str], Amounts] = {}
+        for pool, cap in capacity.items():
+            self._nominal[(ROOT, pool)] = dict(cap)
+            self._usage[(ROOT, pool)] = {}
+            self._demand[(ROOT, pool)] = {}
+        for queue in cluster.queues.values():
+            self._add_queue(queue)
+
+    def _add_queue(self, queue: Queue) -> None:
+        name = queue.name
+        self._parent[name] = queue.parent.name if queue.parent is not None else ROOT
+        self._chain[name] = (name, *(a.name for a in queue.ancestors()), ROOT)
+        self._children[name] = [c.name for c in queue.children]
+        self._weight[name] = queue.spec.weight
+        borrow = queue.spec.borrowing_limit or {}
+        lend = queue.spec.lending_limit or {}
+        for pool in self.pools:
+            key = (name, pool)
+            nominal = queue.nominal.get(pool)
+            named = nominal.as_dict() if nominal is not None else {}
+            self._nominal[key] = named
+            limit: Amounts = {}
+            if not self.borrowing:
+                if queue.is_leaf:
+                    limit = dict(named) if nominal is not None else {"*": 0}
+            elif pool in borrow:
+                limit = {r: named.get(r, 0) + amount for r, amount in borrow[pool].items()}
+            self._limit[key] = limit
+            reserved: Amounts = {}
+            if pool in lend:
+                for r, amount in lend[pool].items():
+                    keep = named.get(r, 0) - amount
+                    if keep > 0:
+                        reserved[r] = keep
+            self._reserved[key] = reserved
+            self._usage[key] = {}
+            self._demand[key] = {}
+            self._guaranteed[key] = {}
+
+    # ----------------------------------------------------------------- reading
+
+    def nominal(self, queue: str, pool: str) -> Amounts:
+        return self._nominal.get((queue, pool), {})
+
+    def usage(self, queue: str, pool: str) -> Amounts:
+        return self._usage.get((queue, pool), {})
+
+    def chain(self, queue: str) -> tuple[str, ...]:
+        """The queue, its ancestors, then ``ROOT``."""
+        return self._chain[queue]
+
+    def _own_limit(self, queue: str, pool: str, resource: str) -> int | None:
+        limit = self._limit[(queue, pool)]
+        if not limit:
+            return None
+        if "*" in limit:
+            return 0
+        return limit.get(resource)
+
+    def headroom(self, queue: str, pool: str, resource: str) -> tuple[int | None, str | None]:
+        """The most of ``resource`` that ``queue`` may still take in ``pool``, and the
+        level that limits it (None: unlimited)."""
+        chain = self._chain[queue]
+        root_cap = self._nominal[(ROOT, pool)].get(resource, 0)
+        best: int | None = root_cap - self._demand[(ROOT, pool)].get(resource, 0)
+        binder: str | None = ROOT
+        for name in reversed(chain[:-1]):
+            key = (name, pool)
+            demand = self._demand[key].get(resource, 0)
+            slack_free = max(0, self._reserved[key].get(resource, 0) - demand)
+            if best is not None:
+                best += slack_free
+            own = self._own_limit(name, pool, resource)
+            if own is not None and (best is None or own - demand <= best):
+                best = own - demand
+                binder = name
+        return best, binder
+
+    def check(self, queue: str, pool: str, request: Mapping[str, int]) -> QuotaCheck:
+        """Whether ``queue`` may add ``request`` in ``pool``, with the borrowed part or the
+        resource and level that say no."""
+        borrowed: Amounts = {}
+        key = (queue, pool)
+        usage = self._usage[key]
+        nominal = self._nominal[key]
+        for resource, amount in request.items():
+            if amount <= 0:
+                continue
+            room, binder = self.headroom(queue, pool, resource)
+            if room is not None and amount > room:
+                assert binder is not None
+                bkey = (binder, pool)
+                bnominal = self._nominal[bkey].get(resource)
+                own_nominal = nominal.get(resource, 0)
+                return QuotaCheck(
+                    fits=False,
+                    blocking_queue=binder,
+                    resource=resource,
+                    requested=amount,
+                    used=(self._demand if binder == ROOT else self._usage)[bkey].get(resource, 0),
+                    nominal=bnominal,
+                    borrowable=max(0, room - max(0, own_nominal - usage.get(resource, 0))),
+                )
+            if resource in nominal:
+                before = max(0, usage.get(resource, 0) - nominal[resource])
+                after = max(0, usage.get(resource, 0) + amount - nominal[resource])
+                if after > before:
+                    borrowed[resource] = after - before
+        return QuotaCheck(fits=True, borrowed=borrowed)
+
+    def lenders(self, queue: str, pool: str, borrowed: Mapping[str, int]) -> tuple[str, ...]:
+        """Who lends the borrowed part: at the nearest ancestor whose subtree is within
+        its nominal, the sibling subtrees with unused nominal quota (or the ancestor's
+        unassigned quota, or the cluster's unassigned capacity)."""
+        if not borrowed:
+            return ()
+        resource = next(iter(borrowed))
+        chain = self._chain[queue]
+        for child, parent in itertools.pairwise(chain):
+            key = (parent, pool)
+            if parent != ROOT:
+                nominal = self._nominal[key].get(resource)
+                if nominal is None or self._demand[key].get(resource, 0) > nominal:
+                    continue
+            idle = [
+                s
+                for s in self._children[parent]
+                if s != child
+                and self._usage[(s, pool)].get(resource, 0)
+                < self._nominal[(s, pool)].get(resource, 0)
+            ]
+            return tuple(idle) if idle else (parent or "cluster",)
+        return ("cluster",)
+
+    def is_borrowing(self, queue: str, pool: str) -> bool:
+        """Whether the queue uses more than its nominal quota of any named resource (or
+        anything of a pool where it names nothing)."""
+        key = (queue, pool)
+        usage = self._usage[key]
+        nominal = self._nominal[key]
+        if not nominal:
+            return any(usage.values())
+        return any(usage.get(r, 0) > n for r, n in nominal.items())
+
+    def within_nominal(self, queue: str, pool: str, request: Mapping[str, int]) -> bool:
+        """Whether the queue's guaranteed usage (borrow-only jobs excluded) plus
+        ``request`` stays within its nominal quota: the condition for reclaiming."""
+        key = (queue, pool)
+        nominal = self._nominal[key]
+        if not nominal:
+            return False
+        guaranteed = self._guaranteed[key]
+        return all(
+            guaranteed.get(r, 0) + amount <= nominal[r]
+            for r, amount in request.items()
+            if amount > 0 and r in nominal
+        )
+
+    def dominant_share(self, queue: str) -> float:
+        """max over pools and named resources of usage / nominal, divided by weight; a
+        queue with usage but no nominal quota ranks above every guaranteed share."""
+        share = 0.0
+        for pool in self.pools:
+            key = (queue, pool)
+            usage = self._usage[key]
+            if not usage:
+                continue
+            nominal = self._nominal[key]
+            for resource, used in usage.items():
+                quota = nominal.get(resource)
+                if quota:
+                    share = max(share, used / quota)
+                elif used and resource in nominal:
+                    share = max(share, 1.0 + used / 1e6)
+            if not nominal and any(usage.values()):
+                share = max(share, 1.0 + sum(usage.values()) / 1e12)
+        return share / self._weight.get(queue, 1.0)
+
+    # ----------------------------------------------------------------- writing
+
+    def add(
+        self, queue: str, pool: str, request: Mapping[str, int], *, borrow_only: bool = False
+    ) -> None:
+        """Account ``request`` to ``queue`` and its ancestors."""
+        self._apply(queue, pool, request, 1, borrow_only)
+
+    def remove(
+        self, queue: str, pool: str, request: Mapping[str, int], *, borrow_only: bool = False
+    ) -> None:
+        """Exactly undo :meth:`add`."""
+        self._apply(queue, pool, request, -1, borrow_only)
+
+    def _apply(
+        self, queue: str, pool: str, request: Mapping[str, int], sign: int, borrow_only: bool
+    ) -> None:
+        chain = self._chain[queue]
+        if not borrow_only:
+            guaranteed = self._guaranteed[(queue, pool)]
+            for resource, amount in request.items():
+                guaranteed[resource] = guaranteed.get(resource, 0) + sign * amount
+        for resource, amount in request.items():
+            if not amount:
+                continue
+            delta = sign * amount
+            change = delta
+            for name in chain:
+                key = (name, pool)
+                usage = self._usage[key]
+                usage[resource] = usage.get(resource, 0) + delta
+                demand = self._demand[key]
+                old = demand.get(resource, 0)
+                new = old + change
+                demand[resource] = new
+                if name == ROOT:
+                    break
+                keep = self._reserved[key].get(resource, 0)
+                change = max(new, keep) - max(old, keep)
+
+    def add_all(self, items: Iterable[tuple[str, str, Mapping[str, int], bool]]) -> None:
+        for queue, pool, request, borrow_only in items:
+            self.add(queue, pool, request, borrow_only=borrow_only)

@@ -1,0 +1,111 @@
+"""The mutable world of one cycle: free capacity, quota usage and who runs where.
+
+Built from a :class:`Snapshot`; every what-if change (remove victims, add an admission)
+goes through :meth:`CycleState.hold` / :meth:`CycleState.unhold`, which keep the placer
+and the quota tree in step and are exact inverses, so searches undo instead of copying.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from allotment.domain.cluster import Cluster, PriorityClass, Queue
+from allotment.scheduler.placement import Placer
+from allotment.scheduler.quota import QuotaTree
+from allotment.scheduler.snapshot import ReplicaPlacement, RunningJob, SchedulerPolicy, Snapshot
+
+_LOWEST = PriorityClass(name="unknown", value=-1_000_000)
+
+
+@dataclass(slots=True, kw_only=True)
+class Holder:
+    """A job holding resources during the cycle: running before it, or admitted in it."""
+
+    id: str
+    queue: str
+    pool: str
+    klass: PriorityClass
+    start_time: float
+    end_bound: float | None
+    placements: tuple[ReplicaPlacement, ...]
+    total: dict[str, int]
+    terminating: bool = False
+
+
+class CycleState:
+    """Free capacity, quota usage and holders, kept consistent through one cycle."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.now = snapshot.now
+        self.cluster: Cluster = snapshot.cluster
+        self.policy: SchedulerPolicy = snapshot.policy
+        self.placer = Placer(snapshot.node_list())
+        capacity: dict[str, dict[str, int]] = {pool: {} for pool in self.cluster.pools}
+        capacity.update(self.placer.pool_capacity())
+        self.quota = QuotaTree(self.cluster, capacity, borrowing=self.policy.borrowing)
+        self.holders: dict[str, Holder] = {}
+        self.by_pool: dict[str, dict[str, Holder]] = {p: {} for p in self.quota.pools}
+        for job in snapshot.running:
+            self.hold(self._holder(job))
+
+    def klass(self, name: str) -> PriorityClass:
+        return self.cluster.priority_classes.get(name, _LOWEST)
+
+    def queue(self, name: str) -> Queue | None:
+        return self.cluster.queues.get(name)
+
+    def _holder(self, job: RunningJob) -> Holder:
+        return Holder(
+            id=job.id,
+            queue=job.queue,
+            pool=job.pool,
+            klass=self.klass(job.priority_class),
+            start_time=job.start_time,
+            end_bound=self.now if job.terminating else job.end_bound,
+            placements=job.placements,
+            total=job.total(),
+            terminating=job.terminating,
+        )
+
+    def hold(self, holder: Holder) -> None:
+        """Account a holder's resources on its nodes and in its queue's quota."""
+        self.holders[holder.id] = holder
+        self.by_pool.setdefault(holder.pool, {})[holder.id] = holder
+        self.placer.allocate(holder.placements)
+        if holder.queue in self.cluster.queues and holder.pool in self.by_pool:
+            self.quota.add(
+                holder.queue, holder.pool, holder.total, borrow_only=holder.klass.borrow_only
+            )
+
+    def unhold(self, holder: Holder) -> None:
+        """Exactly undo :meth:`hold`."""
+        del self.holders[holder.id]
+        del self.by_pool[holder.pool][holder.id]
+        self.placer.release(holder.placements)
+        if holder.queue in self.cluster.queues and holder.pool in self.by_pool:
+            self.quota.remove(
+                holder.queue, holder.pool, holder.total, borrow_only=holder.klass.borrow_only
+            )
+
+    def new_holder(
+        self,
+        *,
+        job_id: str,
+        queue: str,
+        pool: str,
+        klass: PriorityClass,
+        placements: tuple[ReplicaPlacement, ...],
+        total: Mapping[str, int],
+        runtime: float | None,
+    ) -> Holder:
+        return Holder(
+            id=job_id,
+            queue=queue,
+            pool=pool,
+            klass=klass,
+            start_time=self.now,
+            end_bound=None if runtime is None else self.now + runtime,
+            placements=placements,
+            total=dict(total),
+        )
