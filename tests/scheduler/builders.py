@@ -31,16 +31,28 @@ class ClusterBuilder:
         self.data: dict[str, Any] = {"pools": [], "nodes": [], "queues": []}
         self._parents: dict[str, dict[str, Any]] = {}
 
-    def pool(self, name: str, *, nodes: int = 1, gpu: int = 8, cpu: int = 64,
-             memory: str = "512Gi", racks: int = 1, **extra: Any) -> ClusterBuilder:
+    def pool(
+        self,
+        name: str,
+        *,
+        nodes: int = 1,
+        gpu: int = 8,
+        cpu: int = 64,
+        memory: str = "512Gi",
+        racks: int = 1,
+        **extra: Any,
+    ) -> ClusterBuilder:
         self.data["pools"].append({"name": name, **extra})
         per_rack = max(1, nodes // racks)
         for i in range(nodes):
-            self.data["nodes"].append({
-                "name": f"{name}-{i:02d}", "pool": name,
-                "capacity": {"gpu": gpu, "cpu": cpu, "memory": memory},
-                "topology": {"rack": f"r{min(i // per_rack, racks - 1)}"},
-            })
+            self.data["nodes"].append(
+                {
+                    "name": f"{name}-{i:02d}",
+                    "pool": name,
+                    "capacity": {"gpu": gpu, "cpu": cpu, "memory": memory},
+                    "topology": {"rack": f"r{min(i // per_rack, racks - 1)}"},
+                }
+            )
         return self
 
     def classes(self, *specs: Mapping[str, Any]) -> ClusterBuilder:
@@ -71,24 +83,51 @@ def res(**units: Any) -> dict[str, int]:
     return Resources.parse(units).as_dict()
 
 
-def job(job_id: str, queue: str, *, gpu: float = 1, cpu: float = 1, memory: str = "1Gi",
-        replicas: int = 1, prio: str = "training", submit: float = NOW - 60,
-        pools: Iterable[str] = (), max_runtime: float | None = None,
-        expected_runtime: float | None = None, not_before: float | None = None,
-        preempting: Iterable[str] = ()) -> PendingJob:
+def job(
+    job_id: str,
+    queue: str,
+    *,
+    gpu: float = 1,
+    cpu: float = 1,
+    memory: str = "1Gi",
+    replicas: int = 1,
+    prio: str = "training",
+    submit: float = NOW - 60,
+    pools: Iterable[str] = (),
+    max_runtime: float | None = None,
+    expected_runtime: float | None = None,
+    not_before: float | None = None,
+    preempting: Iterable[str] = (),
+) -> PendingJob:
     return PendingJob(
-        id=job_id, queue=queue, priority_class=prio, submit_time=submit,
-        replicas=(ReplicaRequest(count=replicas, resources=res(gpu=gpu, cpu=cpu,
-                                                               memory=memory)),),
-        pools=tuple(pools), max_runtime=max_runtime, expected_runtime=expected_runtime,
-        not_before=not_before, preempting=tuple(preempting),
+        id=job_id,
+        queue=queue,
+        priority_class=prio,
+        submit_time=submit,
+        replicas=(ReplicaRequest(count=replicas, resources=res(gpu=gpu, cpu=cpu, memory=memory)),),
+        pools=tuple(pools),
+        max_runtime=max_runtime,
+        expected_runtime=expected_runtime,
+        not_before=not_before,
+        preempting=tuple(preempting),
     )
 
 
-def running(job_id: str, queue: str, nodes: Mapping[str, float] | str, *, pool: str | None = None,
-            gpu: float = 1, cpu: float = 1, memory: str = "1Gi", prio: str = "training",
-            start: float = NOW - 600, end: float | None = None,
-            terminating: bool = False, first_device: int = 0) -> RunningJob:
+def running(
+    job_id: str,
+    queue: str,
+    nodes: Mapping[str, float] | str,
+    *,
+    pool: str | None = None,
+    gpu: float = 1,
+    cpu: float = 1,
+    memory: str = "1Gi",
+    prio: str = "training",
+    start: float = NOW - 600,
+    end: float | None = None,
+    terminating: bool = False,
+    first_device: int = 0,
+) -> RunningJob:
     """A running job: ``nodes`` is a node name (one replica of ``gpu``) or a mapping from
     node to GPUs on it (one replica per entry)."""
     spread = {nodes: gpu} if isinstance(nodes, str) else dict(nodes)
@@ -96,20 +135,45 @@ def running(job_id: str, queue: str, nodes: Mapping[str, float] | str, *, pool: 
     for i, (node, gpus) in enumerate(spread.items()):
         whole = int(gpus) if gpus >= 1 else 0
         devices = tuple(range(first_device, first_device + whole)) if whole else (first_device,)
-        placements.append(ReplicaPlacement(group="worker", index=i, node=node,
-                                           resources=res(gpu=gpus, cpu=cpu, memory=memory),
-                                           devices=devices if gpus else ()))
+        placements.append(
+            ReplicaPlacement(
+                group="worker",
+                index=i,
+                node=node,
+                resources=res(gpu=gpus, cpu=cpu, memory=memory),
+                devices=devices if gpus else (),
+            )
+        )
     first = next(iter(spread))
-    return RunningJob(id=job_id, queue=queue, priority_class=prio,
-                      pool=pool or first.rsplit("-", 1)[0], start_time=start,
-                      placements=tuple(placements), expected_end=end, terminating=terminating)
+    return RunningJob(
+        id=job_id,
+        queue=queue,
+        priority_class=prio,
+        pool=pool or first.rsplit("-", 1)[0],
+        start_time=start,
+        placements=tuple(placements),
+        expected_end=end,
+        terminating=terminating,
+    )
 
 
-def cycle(cluster: Cluster, pending: Iterable[PendingJob] = (),
-          runs: Iterable[RunningJob] = (), *, now: float = NOW,
-          policy: SchedulerPolicy | None = None) -> Decisions:
-    return schedule_once(Snapshot(now=now, cluster=cluster, pending=list(pending),
-                                  running=list(runs), policy=policy or SchedulerPolicy()))
+def cycle(
+    cluster: Cluster,
+    pending: Iterable[PendingJob] = (),
+    runs: Iterable[RunningJob] = (),
+    *,
+    now: float = NOW,
+    policy: SchedulerPolicy | None = None,
+) -> Decisions:
+    return schedule_once(
+        Snapshot(
+            now=now,
+            cluster=cluster,
+            pending=list(pending),
+            running=list(runs),
+            policy=policy or SchedulerPolicy(),
+        )
+    )
 
 
 def admitted(decisions: Decisions) -> list[str]:

@@ -125,6 +125,9 @@ def to_units(milli: int) -> float:
 class Resources(Mapping[str, int]):
     """An immutable bag of resource quantities in milli-units; absent names are zero.
 
+    Explicit zeros are kept (a limit of ``gpu: 0`` names the resource), but equality and
+    hashing ignore them.
+
     Arithmetic is integer and exact. ``a.fits_in(b)`` is true when every quantity of
     ``a`` is at most the one in ``b``.
     """
@@ -136,8 +139,7 @@ class Resources(Mapping[str, int]):
         for key, amount in (values or {}).items():
             if amount < 0:
                 raise InvalidQuantity(amount, "must not be negative", name=key)
-            if amount:
-                cleaned[key] = int(amount)
+            cleaned[key] = int(amount)
         self._values = cleaned
 
     @classmethod
@@ -168,14 +170,17 @@ class Resources(Mapping[str, int]):
     def __contains__(self, key: object) -> bool:
         return key in self._values
 
+    def _nonzero(self) -> dict[str, int]:
+        return {k: v for k, v in self._values.items() if v}
+
     def __hash__(self) -> int:
-        return hash(frozenset(self._values.items()))
+        return hash(frozenset(self._nonzero().items()))
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Resources):
-            return self._values == other._values
+            return self._nonzero() == other._nonzero()
         if isinstance(other, Mapping):
-            return self._values == {k: v for k, v in other.items() if v}
+            return self._nonzero() == {k: v for k, v in other.items() if v}
         return NotImplemented
 
     def __repr__(self) -> str:

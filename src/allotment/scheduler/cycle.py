@@ -27,7 +27,7 @@ from allotment.scheduler.backfill import Reservation, Reservations, plan_reserva
 from allotment.scheduler.decisions import Admit, Decisions, Preempt
 from allotment.scheduler.placement import PlacementResult
 from allotment.scheduler.preemption import describe, find_victims
-from allotment.scheduler.quota import QuotaCheck
+from allotment.scheduler.quota import ROOT, QuotaCheck
 from allotment.scheduler.snapshot import PendingJob, Snapshot
 from allotment.scheduler.state import CycleState, Holder
 
@@ -374,7 +374,8 @@ class _Cycle:
         held_back: list[str] = []
         for pool in pools:
             check = state.quota.check(queue.name, pool, total)
-            if not check.fits:
+            if not check.fits and check.blocking_queue != ROOT:
+                # Out of the queue's own quota or of what it may borrow.
                 reasons.append(_quota_reason(check, pool, queue.name))
                 continue
             key = (pool, shape, claims is not None)
@@ -384,6 +385,11 @@ class _Cycle:
             else:
                 placed = state.placer.place(pool, job.replicas, claims=claims)
             if placed.ok:
+                if not check.fits:
+                    # Free nodes, but held back for other queues' unlent guarantees; when
+                    # the pool itself is full, the placement's reason says it better.
+                    reasons.append(_quota_reason(check, pool, queue.name))
+                    continue
                 self._admit(job, queue, klass, pool, placed, check)
                 return Outcome.ADMITTED, None
             assert placed.reason is not None

@@ -109,6 +109,9 @@ class QuotaTree:
             self._demand[(ROOT, pool)] = {}
         for queue in cluster.queues.values():
             self._add_queue(queue)
+        for (name, pool), reserved in self._reserved.items():
+            for resource, keep in reserved.items():
+                self._propagate(self._chain[name][1:], pool, resource, keep)
 
     def _add_queue(self, queue: Queue) -> None:
         name = queue.name
@@ -193,6 +196,11 @@ class QuotaTree:
             room, binder = self.headroom(queue, pool, resource)
             if room is not None and amount > room:
                 assert binder is not None
+                own = nominal.get(resource)
+                if binder == ROOT and own is not None and usage.get(resource, 0) + amount > own:
+                    # It needs to borrow and the pool has nothing left to lend: the
+                    # queue's own quota is what it has run out of.
+                    binder = queue
                 bkey = (binder, pool)
                 bnominal = self._nominal[bkey].get(resource)
                 own_nominal = nominal.get(resource, 0)
@@ -306,19 +314,26 @@ class QuotaTree:
             if not amount:
                 continue
             delta = sign * amount
-            change = delta
             for name in chain:
-                key = (name, pool)
-                usage = self._usage[key]
+                usage = self._usage[(name, pool)]
                 usage[resource] = usage.get(resource, 0) + delta
-                demand = self._demand[key]
-                old = demand.get(resource, 0)
-                new = old + change
-                demand[resource] = new
-                if name == ROOT:
-                    break
-                keep = self._reserved[key].get(resource, 0)
-                change = max(new, keep) - max(old, keep)
+            self._propagate(chain, pool, resource, delta)
+
+    def _propagate(self, chain: tuple[str, ...], pool: str, resource: str, change: int) -> None:
+        """Add ``change`` to the demand of ``chain[0]`` and pass the change in its
+        occupancy on up to the root."""
+        for name in chain:
+            if not change:
+                return
+            key = (name, pool)
+            demand = self._demand[key]
+            old = demand.get(resource, 0)
+            new = old + change
+            demand[resource] = new
+            if name == ROOT:
+                return
+            keep = self._reserved[key].get(resource, 0)
+            change = max(new, keep) - max(old, keep)
 
     def add_all(self, items: Iterable[tuple[str, str, Mapping[str, int], bool]]) -> None:
         for queue, pool, request, borrow_only in items:

@@ -1,0 +1,169 @@
+"""Preemption within a queue, reclaim of lent quota, borrow-only victims, reservations."""
+
+from __future__ import annotations
+
+from allotment.scheduler.snapshot import SchedulerPolicy
+
+from .builders import NOW, ClusterBuilder, admitted, codes, cycle, job, running, victims
+
+
+def shared(**leaf_a: object) -> ClusterBuilder:
+    return (
+        ClusterBuilder()
+        .pool("a100", nodes=2)
+        .leaf("a", quota={"a100": {"gpu": 8}}, **leaf_a)
+        .leaf("b", quota={"a100": {"gpu": 8}})
+    )
+
+
+def test_higher_priority_preempts_lower_in_its_queue() -> None:
+    cluster = shared().build()
+    runs = [
+        running("low", "a", "a100-00", gpu=8, prio="experiment"),
+        running("other", "b", "a100-01", gpu=8),
+    ]
+    decisions = cycle(cluster, [job("hi", "a", gpu=8, prio="key-project")], runs)
+    assert victims(decisions) == {"hi": ["low"]}
+    (preempt,) = decisions.preemptions
+    assert preempt.victims[0].cause == "within_queue"
+    assert "key-project (800) over experiment (100)" in preempt.victims[0].message
+    assert codes(decisions) == {"hi": "waiting_for_preemption"}
+
+
+def test_queue_policy_never_forbids_within_queue_preemption() -> None:
+    cluster = shared(preemption={"within_queue": "never", "reclaim": "any"}).build()
+    runs = [
+        running("low", "a", "a100-00", gpu=8, prio="experiment"),
+        running("other", "b", "a100-01", gpu=8),
+    ]
+    decisions = cycle(cluster, [job("hi", "a", gpu=8, prio="key-project")], runs)
+    assert decisions.preemptions == []
+    assert codes(decisions) == {"hi": "quota_exhausted"}
+
+
+def test_non_preemptible_class_is_never_a_victim() -> None:
+    cluster = shared().build()
+    runs = [
+        running("prod", "a", "a100-00", gpu=8, prio="production"),
+        running("other", "b", "a100-01", gpu=8, prio="production"),
+    ]
+    decisions = cycle(cluster, [job("hi", "a", gpu=8, prio="production")], runs)
+    assert decisions.preemptions == []
+
+
+def test_reclaim_borrowed_capacity_for_owner_within_nominal() -> None:
+    cluster = shared().build()
+    # a borrows b's whole guarantee; b now wants its own 8 GPUs back.
+    runs = [
+        running("a1", "a", "a100-00", gpu=8, start=NOW - 100),
+        running("a2", "a", "a100-01", gpu=8, start=NOW - 50),
+    ]
+    decisions = cycle(cluster, [job("b1", "b", gpu=8, prio="experiment")], runs)
+    assert victims(decisions) == {"b1": ["a2"]}  # least run time lost
+    assert decisions.preemptions[0].victims[0].cause == "reclaim"
+
+
+def test_no_reclaim_beyond_nominal() -> None:
+    cluster = shared().build()
+    runs = [running("a1", "a", "a100-00", gpu=8), running("b1", "b", "a100-01", gpu=4)]
+    decisions = cycle(cluster, [job("b2", "b", gpu=8)], runs)
+    assert decisions.preemptions == []
+
+
+def test_reclaim_lower_priority_only() -> None:
+    cluster = (
+        ClusterBuilder()
+        .pool("a100", nodes=2)
+        .leaf("a", quota={"a100": {"gpu": 8}})
+        .leaf(
+            "b",
+            quota={"a100": {"gpu": 8}},
+            preemption={"within_queue": "lower_priority", "reclaim": "lower_priority"},
+        )
+        .build()
+    )
+    runs = [
+        running("a1", "a", "a100-00", gpu=8, start=NOW - 100),
+        running("a2", "a", "a100-01", gpu=8, start=NOW - 50),
+    ]
+    decisions = cycle(cluster, [job("b1", "b", gpu=8, prio="training")], runs)
+    assert decisions.preemptions == []
+    decisions = cycle(cluster, [job("b1", "b", gpu=8, prio="key-project")], runs)
+    assert victims(decisions) == {"b1": ["a2"]}
+
+
+def test_borrow_only_jobs_are_first_victims() -> None:
+    cluster = shared().build()
+    runs = [
+        running("scav", "a", "a100-00", gpu=4, prio="scavenger", start=NOW - 10),
+        running("exp", "a", "a100-00", gpu=4, prio="experiment", first_device=4, start=NOW - 999),
+        running("b0", "b", "a100-01", gpu=8),
+    ]
+    decisions = cycle(cluster, [job("hi", "a", gpu=4, prio="training")], runs)
+    assert victims(decisions) == {"hi": ["scav"]}
+    assert decisions.preemptions[0].victims[0].cause == "borrow_only"
+
+
+def test_smallest_victim_set() -> None:
+    cluster = shared().build()
+    runs = [
+        running(
+            f"s{i}", "a", "a100-00", gpu=1, prio="experiment", first_device=i, start=NOW - 100 + i
+        )
+        for i in range(8)
+    ]
+    runs.append(running("b0", "b", "a100-01", gpu=8))
+    decisions = cycle(cluster, [job("hi", "a", gpu=2, prio="key-project")], runs)
+    assert victims(decisions) == {"hi": ["s6", "s7"]}  # two newest, nothing more
+
+
+def test_preemption_off_by_policy() -> None:
+    cluster = shared().build()
+    runs = [
+        running("low", "a", "a100-00", gpu=8, prio="experiment"),
+        running("other", "b", "a100-01", gpu=8),
+    ]
+    decisions = cycle(
+        cluster,
+        [job("hi", "a", gpu=8, prio="key-project")],
+        runs,
+        policy=SchedulerPolicy(preemption=False, reclaim=False),
+    )
+    assert decisions.preemptions == []
+
+
+def test_freed_resources_stay_reserved_for_the_preemptor() -> None:
+    cluster = shared().build()
+    runs = [
+        running("low", "a", "a100-00", gpu=8, prio="experiment", terminating=True),
+        running("other", "b", "a100-01", gpu=4),
+    ]
+    pending = [
+        job("hi", "a", gpu=8, prio="key-project", preempting=["low"]),
+        job("sneaky", "b", gpu=4, submit=NOW - 9999, prio="production"),
+    ]
+    decisions = cycle(cluster, pending, runs)
+    assert codes(decisions)["hi"] == "waiting_for_preemption"
+    # sneaky fits on a100-01 (4 free) but not on the reserved a100-00.
+    assert [a.placements[0].node for a in decisions.admitted] == ["a100-01"]
+    # once the victim is gone, the preemptor is admitted
+    decisions = cycle(cluster, pending[:1], runs[1:])
+    assert admitted(decisions) == ["hi"]
+
+
+def test_victims_not_used_by_later_jobs_in_the_same_cycle() -> None:
+    cluster = shared().build()
+    runs = [
+        running("low", "a", "a100-00", gpu=8, prio="experiment"),
+        running("other", "b", "a100-01", gpu=8),
+    ]
+    decisions = cycle(
+        cluster,
+        [
+            job("hi", "a", gpu=4, prio="key-project", submit=1),
+            job("next", "a", gpu=4, prio="experiment", submit=2),
+        ],
+        runs,
+    )
+    assert victims(decisions) == {"hi": ["low"]}
+    assert admitted(decisions) == []
