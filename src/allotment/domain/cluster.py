@@ -376,6 +376,7 @@ class Cluster:
 
         queues: dict[str, Queue] = {}
         roots: list[Queue] = []
+        locations: dict[str, str] = {}
 
         def build(spec: QueueSpec, parent: Queue | None, path: str, tenant: str | None) -> Queue:
             own_tenant = spec.tenant or tenant
@@ -383,6 +384,7 @@ class Cluster:
             if spec.name in queues:
                 issues.append(Issue(path=path, message=f"duplicate queue name {spec.name!r}"))
             queues[spec.name] = queue
+            locations.setdefault(spec.name, path)
             _check_queue(spec, path, pools, tenants, classes, issues)
             for j, child in enumerate(spec.children):
                 queue.children.append(build(child, queue, f"{path}.children.{j}", own_tenant))
@@ -394,11 +396,11 @@ class Cluster:
         for queue in list(queues.values()):
             _derive_nominal(queue)
         for queue in list(queues.values()):
-            _check_guarantees(queue, issues)
-        for name, pool in pools.items():
-            for queue_name in pool.queues or []:
-                if queue_name not in queues:
-                    issues.append(_unknown(f"pools.{name}.queues", "queue", queue_name, queues))
+            _check_guarantees(queue, locations[queue.name], issues)
+        for i, pool in enumerate(file.pools):
+            for j, access in enumerate(pool.queues or []):
+                if access not in queues:
+                    issues.append(_unknown(f"pools.{i}.queues.{j}", "queue", access, queues))
         if issues:
             raise ConfigError(issues, source=source)
         return cls(
@@ -481,7 +483,7 @@ def _derive_nominal(queue: Queue) -> dict[str, Resources]:
     return queue.nominal
 
 
-def _check_guarantees(queue: Queue, issues: list[Issue]) -> None:
+def _check_guarantees(queue: Queue, path: str, issues: list[Issue]) -> None:
     if not queue.children:
         return
     for pool, own in queue.spec.quota.items():
@@ -490,10 +492,11 @@ def _check_guarantees(queue: Queue, issues: list[Issue]) -> None:
             if children > amount:
                 issues.append(
                     Issue(
-                        path=f"queue {queue.name}.quota.{pool}.{key}",
+                        path=f"{path}.quota.{pool}.{key}",
                         message=(
-                            f"children guarantee {format_quantity(key, children)} {key} in pool "
-                            f"{pool}, more than this queue's {format_quantity(key, amount)}; "
+                            f"children of queue {queue.name} guarantee "
+                            f"{format_quantity(key, children)} {key} in pool {pool}, more "
+                            f"than its {format_quantity(key, amount)}; "
                             "raise the parent's quota or lower the children's"
                         ),
                     )

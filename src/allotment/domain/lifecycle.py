@@ -45,6 +45,8 @@ class FailureClass(StrEnum):
 
 _S = JobState
 _ENDINGS = frozenset({_S.SUCCEEDED, _S.FAILED, _S.PREEMPTED, _S.CANCELLED, _S.RECLAIMED})
+_FAILURES = _ENDINGS - {_S.SUCCEEDED}
+"""Endings that carry a failure class."""
 
 ALLOWED: dict[JobState, frozenset[JobState]] = {
     _S.SUBMITTED: frozenset({_S.PENDING, _S.FAILED, _S.CANCELLED}),
@@ -116,7 +118,7 @@ def transition(
         if failure is not None and failure is not implied:
             raise ValueError(f"a move to {target.value} implies failure class {implied.value}")
         failure = implied
-    if target not in _ENDINGS and failure is not None:
+    if target not in _FAILURES and failure is not None:
         raise ValueError(f"a move to {target.value} carries no failure class")
     return Transition(
         source=current,

@@ -1,12 +1,17 @@
 """Reading ``cluster.yaml`` and ``job.yaml`` safely, with errors that name the line.
 
-YAML is parsed with the safe loader (no arbitrary tags), bounded in size and depth, and
-validated by the pydantic models; every problem becomes an :class:`Issue` with its
-dotted path and, where the YAML gives it, its line number.
+YAML is parsed with the safe loader (no arbitrary tags), bounded in size, depth and
+expanded size (aliases), and validated by the pydantic models; every problem becomes an
+:class:`Issue` with its dotted path and, where the YAML gives it, its line number.
+
+Scalars follow YAML 1.2 where 1.1 surprises people: only ``true``/``false`` are booleans
+(``retry: {on: [...]}`` has a key ``on``, and a label ``yes`` stays a string), and
+``20:00`` is a string, not the base-60 number 1200.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,23 +24,79 @@ from allotment.domain.job import JobSpec
 
 MAX_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 32
+MAX_NODES = 200_000
+"""Most YAML nodes a file may hold once aliases are expanded (a "billion laughs" guard)."""
 
 _M = TypeVar("_M", bound=BaseModel)
 Lines = dict[tuple[str, ...], int]
 
 
-def _walk(node: yaml.Node, path: tuple[str, ...], lines: Lines, depth: int) -> None:
+_BOOL = "tag:yaml.org,2002:bool"
+_INT = "tag:yaml.org,2002:int"
+
+
+class _Loader(yaml.SafeLoader):
+    """The safe loader with YAML 1.2 booleans and without base-60 integers."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_BOOL, _INT)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+_Loader.add_implicit_resolver(
+    _INT,
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
+)
+
+
+def _check_depth(text: str) -> None:
+    """Refuse nesting deeper than :data:`MAX_DEPTH` before composing (the composer
+    recurses once per level, so a deep file would otherwise exhaust the stack)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                line = event.start_mark.line + 1 if event.start_mark else None
+                raise ConfigError(
+                    [Issue(path="", message=f"nested deeper than {MAX_DEPTH}", line=line)]
+                )
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
+def _walk(
+    node: yaml.Node, path: tuple[str, ...], lines: Lines, depth: int, seen: list[int]
+) -> None:
     if depth > MAX_DEPTH:
         raise ConfigError([Issue(path=".".join(path), message=f"nested deeper than {MAX_DEPTH}")])
+    seen[0] += 1
+    if seen[0] > MAX_NODES:
+        raise ConfigError(
+            [Issue(path="", message=f"more than {MAX_NODES} values once aliases are expanded")]
+        )
     lines.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
         for key, value in node.value:
             name = str(key.value)
             lines[(*path, name)] = key.start_mark.line + 1
-            _walk(value, (*path, name), lines, depth + 1)
+            _walk(value, (*path, name), lines, depth + 1, seen)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _walk(item, (*path, str(i)), lines, depth + 1)
+            _walk(item, (*path, str(i)), lines, depth + 1, seen)
+
+
+def _yaml_error(exc: yaml.YAMLError, source: str | None) -> ConfigError:
+    mark = getattr(exc, "problem_mark", None)
+    line = mark.line + 1 if mark is not None else None
+    problem = getattr(exc, "problem", None) or str(exc)
+    return ConfigError(
+        [Issue(path="", message=f"not valid YAML: {problem}", line=line)], source=source
+    )
 
 
 def parse_yaml(text: str, *, source: str | None = None) -> tuple[Any, Lines]:
@@ -46,21 +107,23 @@ def parse_yaml(text: str, *, source: str | None = None) -> tuple[Any, Lines]:
             source=source,
         )
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.load(text, Loader=yaml.SafeLoader)
+        _check_depth(text)
+        node = yaml.compose(text, Loader=_Loader)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(
-            [Issue(path="", message=f"not valid YAML: {problem}", line=line)], source=source
-        ) from exc
+        raise _yaml_error(exc, source) from exc
+    except ConfigError as exc:
+        raise ConfigError(exc.issues, source=source) from None
     lines: Lines = {}
-    if node is not None:
-        try:
-            _walk(node, (), lines, 0)
-        except ConfigError as exc:
-            raise ConfigError(exc.issues, source=source) from None
+    if node is None:
+        return None, lines
+    try:
+        _walk(node, (), lines, 0, [0])
+    except ConfigError as exc:
+        raise ConfigError(exc.issues, source=source) from None
+    try:
+        data = yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
+    except yaml.YAMLError as exc:  # e.g. an unhashable key, found only on construction
+        raise _yaml_error(exc, source) from exc
     return data, lines
 
 

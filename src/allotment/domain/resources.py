@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from decimal import Decimal, InvalidOperation
+from decimal import Context, Decimal, Inexact, InvalidOperation
 from typing import Any
 
 from allotment.domain.errors import InvalidQuantity
 
 MILLI = 1000
 """Milli-units in one unit."""
+
+MAX_MILLI = 10**30
+"""Largest quantity accepted, in milli-units (far above any real fleet: 10^27 units)."""
+_EXACT = Context(prec=64, traps=[InvalidOperation, Inexact])
 
 GPU = "gpu"
 CPU = "cpu"
@@ -48,8 +52,9 @@ _SUFFIX: dict[str, int] = {
 def parse_quantity(value: object, *, name: str | None = None) -> int:
     """Parse ``8``, ``0.5``, ``500m``, ``64Gi``, ``1.5Ti`` into integer milli-units.
 
-    Raises :class:`InvalidQuantity` for negative, non-numeric, unknown-suffix or
-    sub-milli values (``0.0001``), with what was wrong.
+    Raises :class:`InvalidQuantity` for negative, non-numeric, unknown-suffix,
+    sub-milli (``0.0001``) or absurdly large (over :data:`MAX_MILLI`) values, with what
+    was wrong.
     """
     if isinstance(value, bool):
         raise InvalidQuantity(value, "expected a number or a quantity string", name=name)
@@ -86,7 +91,14 @@ def parse_quantity(value: object, *, name: str | None = None) -> int:
             raise InvalidQuantity(value, "not a number", name=name) from exc
     else:
         raise InvalidQuantity(value, "expected a number or a quantity string", name=name)
-    milli = number * suffix_factor * MILLI
+    if number.adjusted() > 30:
+        raise InvalidQuantity(value, "too large", name=name)
+    try:
+        milli = _EXACT.multiply(_EXACT.multiply(number, suffix_factor), Decimal(MILLI))
+    except (Inexact, InvalidOperation) as exc:
+        raise InvalidQuantity(value, "too many significant digits", name=name) from exc
+    if milli > MAX_MILLI:
+        raise InvalidQuantity(value, "too large", name=name)
     if milli < 0:
         raise InvalidQuantity(value, "must not be negative", name=name)
     if milli != milli.to_integral_value():
