@@ -44,6 +44,15 @@ class Reservations:
             for key, amount in claim.items():
                 bucket[key] = bucket.get(key, 0) + amount
 
+    def forget(self, job: str) -> None:
+        """Drop the reservation of ``job`` (if any) and rebuild the merged claims."""
+        kept = [r for r in self.items if r.job != job]
+        if len(kept) == len(self.items):
+            return
+        self.items, self.merged, self.earliest = [], {}, math.inf
+        for reservation in kept:
+            self.add(reservation)
+
     def claims_for(self, now: float, bound: float | None) -> dict[str, dict[str, int]] | None:
         """The claims a job must leave free: none if it surely ends before every
         reservation starts (``bound`` = its maximum runtime)."""

@@ -65,6 +65,8 @@ class _Cycle:
     reservations: Reservations = field(default_factory=Reservations)
     taken: set[str] = field(default_factory=set)
     no_fit: dict[tuple[object, ...], Reason] = field(default_factory=dict)
+    answered: set[str] = field(default_factory=set)
+    """Jobs decided before phase 4 (nominated preemptors)."""
     examined: int = 0
 
     # ------------------------------------------------------------ phase 2
@@ -116,31 +118,46 @@ class _Cycle:
 
     def nominated(self, lines: list[Line]) -> None:
         """Preemptors whose victims are still terminating keep the capacity freed for
-        them; once the victims are gone they are tried first."""
+        them; those whose victims are gone are tried before anyone else."""
         for line in lines:
             for job in line.jobs:
-                if not job.preempting:
-                    continue
-                still = [self.state.holders[v] for v in job.preempting if v in self.state.holders]
-                if not still:
-                    continue  # victims gone: tried first in phase 4
-                pool = still[0].pool
-                for holder in still:
-                    self.state.unhold(holder)
-                placed = self.state.placer.place(pool, job.replicas)
-                for holder in still:
-                    self.state.hold(holder)
-                if not placed.ok:
-                    continue  # no longer enough: it competes again in phase 4
-                self._reserve_for_preemptor(job, pool, placed, still)
-                self.taken.update(h.id for h in still)
-                names = ", ".join(h.id for h in still)
-                self.decisions.waiting[job.id] = Reason(
-                    ReasonCode.WAITING_FOR_PREEMPTION,
-                    f"waiting for {names} to stop; their resources in pool {pool} are held "
-                    "for this job",
-                    {"pool": pool, "victims": [h.id for h in still]},
-                )
+                if job.preempting:
+                    self._nominated_one(line, job)
+
+    def _nominated_one(self, line: Line, job: PendingJob) -> None:
+        still = [self.state.holders[v] for v in job.preempting if v in self.state.holders]
+        if not still:
+            outcome, _ = self._try(job, line)
+            if outcome is Outcome.ADMITTED:
+                self.answered.add(job.id)
+            else:
+                self._undo_try(job)
+            return
+        pool = still[0].pool
+        for holder in still:
+            self.state.unhold(holder)
+        placed = self.state.placer.place(pool, job.replicas)
+        for holder in still:
+            self.state.hold(holder)
+        if not placed.ok:
+            return  # no longer enough: it competes again in phase 4
+        self._reserve_for_preemptor(job, pool, placed, still)
+        self.taken.update(h.id for h in still)
+        self.answered.add(job.id)
+        self.decisions.waiting[job.id] = Reason(
+            ReasonCode.WAITING_FOR_PREEMPTION,
+            f"waiting for {', '.join(h.id for h in still)} to stop; their resources in pool "
+            f"{pool} are held for this job",
+            {"pool": pool, "victims": [h.id for h in still]},
+        )
+
+    def _undo_try(self, job: PendingJob) -> None:
+        """Forget a failed early try: the job competes again in phase 4 (a preemption it
+        decided stands, and answers it)."""
+        if any(p.job == job.id for p in self.decisions.preemptions):
+            self.answered.add(job.id)
+        self.decisions.reservations.pop(job.id, None)
+        self.reservations.forget(job.id)
 
     def _reserve_for_preemptor(
         self, job: PendingJob, pool: str, placed: PlacementResult, victims: list[Holder]
@@ -206,7 +223,7 @@ class _Cycle:
         shares: dict[str, float],
     ) -> None:
         # Skip jobs already answered in phase 3.
-        while line.index < len(line.jobs) and line.jobs[line.index].id in self.decisions.waiting:
+        while line.index < len(line.jobs) and line.jobs[line.index].id in self.answered:
             line.index += 1
         if line.index >= len(line.jobs):
             return
