@@ -1,0 +1,221 @@
+"""``allot``: the command line.
+
+Every :class:`AllotmentError` a command raises becomes ``error: <message>`` on stderr and
+exit status 1 (one handler, in :class:`_Commands`); usage mistakes exit 2; human output
+is Rich tables, ``-o json`` prints JSON on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from typer.core import TyperGroup
+
+from allotment.domain.errors import AllotmentError, ConfigError, InvalidInput
+from allotment.domain.loading import check_job, load_cluster, load_job
+
+
+class _Commands(TyperGroup):
+    """The command group, with the one error handler."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except AllotmentError as exc:
+            _error(exc.message)
+            raise typer.Exit(1) from None
+
+
+app = typer.Typer(
+    cls=_Commands,
+    name="allot",
+    help="Allotment: queues, quotas and priorities for a shared GPU fleet.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+
+
+class Output(StrEnum):
+    TABLE = "table"
+    JSON = "json"
+
+
+OutputOption = Annotated[
+    Output, typer.Option("--output", "-o", help="table for people, json for programs.")
+]
+
+
+def _error(message: str) -> None:
+    typer.secho("error: ", fg=typer.colors.RED, bold=True, err=True, nl=False)
+    typer.echo(message, err=True)
+
+
+def _print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2))
+
+
+def _console() -> Console:
+    return Console(highlight=False)
+
+
+@app.command()
+def check(
+    jobs: Annotated[
+        list[str] | None, typer.Argument(help="Job files to check against the cluster.")
+    ] = None,
+    cluster_file: Annotated[
+        str | None, typer.Option("--file", "-f", help="The cluster file (cluster.yaml).")
+    ] = None,
+    output: OutputOption = Output.TABLE,
+) -> None:
+    """Validate a cluster file and job files without changing anything."""
+    from allotment.cli import render
+
+    if cluster_file is None and not jobs:
+        raise InvalidInput("nothing to check: give -f cluster.yaml and/or job files")
+    for path in [cluster_file, *(jobs or [])]:
+        if path is not None and not Path(path).is_file():
+            raise InvalidInput(f"{path}: no such file", fields={"path": path})
+    cluster = load_cluster(cluster_file) if cluster_file is not None else None
+    checked: list[dict[str, Any]] = []
+    failures: list[str] = []
+    for path in jobs or []:
+        try:
+            job = load_job(path)
+            if cluster is not None:
+                issues = check_job(job, cluster)
+                if issues:
+                    raise ConfigError(issues, source=path)
+        except AllotmentError as exc:
+            failures.append(exc.message)
+            continue
+        checked.append(render.job_data(job, path))
+    data: dict[str, Any] = {
+        "cluster": render.cluster_data(cluster) if cluster is not None else None,
+        "jobs": checked,
+    }
+    if output is Output.JSON:
+        _print_json({**data, "errors": failures})
+    else:
+        console = _console()
+        if cluster is not None and cluster_file is not None:
+            console.print(render.cluster_view(data["cluster"], cluster_file))
+        for entry in checked:
+            console.print(
+                f"[green]ok[/green] {entry['file']}: {entry['name']} -> queue {entry['queue']}, "
+                f"{entry['replicas']} replica(s), {entry['gpus']} GPUs",
+                markup=True,
+            )
+    if failures:
+        for message in failures:
+            _error(message)
+        raise typer.Exit(1)
+
+
+@app.command()
+def sim(
+    trace: Annotated[str, typer.Argument(help="Trace CSV (job_id, submit_time, duration, ...).")],
+    cluster_file: Annotated[
+        str | None,
+        typer.Option("--file", "-f", help="Cluster file; default ./cluster.yaml."),
+    ] = None,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--policy",
+            "-p",
+            help="Policy to replay (repeat to compare): fifo-isolated, borrowing, fair-share, "
+            "backfill, default; combine with + (borrowing+backfill), add +oracle.",
+        ),
+    ] = None,
+    time_scale: Annotated[
+        float, typer.Option("--time-scale", help="Multiply submit times by this.")
+    ] = 1.0,
+    jobs_out: Annotated[
+        str | None,
+        typer.Option(
+            "--jobs-out",
+            help="Write one CSV row per job attempt here (with several policies, "
+            "NAME.POLICY.csv each).",
+        ),
+    ] = None,
+    per_queue: Annotated[
+        bool, typer.Option("--per-queue", help="Also print a table per queue.")
+    ] = False,
+    output: OutputOption = Output.TABLE,
+) -> None:
+    """Replay a trace on the real scheduler with a virtual clock and compare policies."""
+    from allotment.cli import render
+    from allotment.sim.jobs_out import write_jobs_out
+    from allotment.sim.metrics import summarize
+    from allotment.sim.policies import parse_policy
+    from allotment.sim.replay import Replay
+    from allotment.sim.trace import check_trace, read_trace
+
+    names = policy or ["default"]
+    policies = [parse_policy(name) for name in names]
+    if len({p.name for p in policies}) != len(policies):
+        raise InvalidInput("the same policy is given twice")
+    if not (time_scale >= 0 and time_scale != float("inf")):
+        raise InvalidInput(f"--time-scale must be a finite number >= 0, got {time_scale}")
+    if cluster_file is None:
+        if not Path("cluster.yaml").is_file():
+            raise InvalidInput("no cluster file: give -f cluster.yaml")
+        cluster_file = "cluster.yaml"
+    for path, what in ((cluster_file, "cluster file"), (trace, "trace")):
+        if not Path(path).is_file():
+            raise InvalidInput(f"{what} {path}: no such file", fields={"path": path})
+    cluster = load_cluster(cluster_file)
+    jobs = read_trace(trace)
+    check_trace(jobs, cluster, source=trace)
+    err = Console(stderr=True, highlight=False)
+    summaries: list[dict[str, Any]] = []
+    written: list[str] = []
+    for chosen in policies:
+        replay = Replay(cluster, jobs, chosen, time_scale=time_scale)
+        if err.is_terminal:
+            with err.status(f"replaying {len(jobs)} jobs under {chosen.name}"):
+                result = replay.run()
+        else:
+            result = replay.run()
+        summaries.append(summarize(result))
+        if jobs_out is not None:
+            target = _jobs_out_path(jobs_out, chosen.name, several=len(policies) > 1)
+            write_jobs_out(result.attempts, target)
+            written.append(str(target))
+    if output is Output.JSON:
+        _print_json(summaries)
+    else:
+        console = _console()
+        title = f"{trace}: {len(jobs)} jobs on {cluster_file}"
+        if time_scale != 1.0:
+            title += f", submit times x {time_scale:g}"
+        console.print(render.comparison_table(summaries, title))
+        if per_queue:
+            for summary in summaries:
+                console.print(render.per_queue_table(summary))
+    for path in written:
+        typer.echo(f"wrote {path}", err=True)
+
+
+def _jobs_out_path(path: str, policy: str, *, several: bool) -> Path:
+    target = Path(path)
+    if not several:
+        return target
+    safe = "".join(c if c.isalnum() or c in "-_+" else "_" for c in policy)
+    return target.with_name(f"{target.stem}.{safe}{target.suffix or '.csv'}")
+
+
+def main() -> None:
+    """Entry point for ``python -m allotment.cli.main``."""
+    app(prog_name="allot")
+
+
+if __name__ == "__main__":
+    main()

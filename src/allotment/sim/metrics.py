@@ -1,0 +1,155 @@
+"""Quality metrics of a replay, overall and per queue (the ``allot sim`` summary).
+
+- ``wait``: first start - submit, over jobs that started.
+- ``jct`` (job completion time): final end - submit, over finished jobs (``succeeded`` or
+  ``failed`` by timeout; never ``unfinished``).
+- ``utilization``: GPU-seconds allocated / (total GPUs x makespan). Per queue, the same
+  denominator, so the queues' utilizations add up to the total.
+- ``makespan_s``: last end - first submit (per queue: of that queue's jobs).
+- ``preemptions``: attempts that ended preempted (per queue: of that queue's jobs).
+- ``fairness_jain``: Jain's index (sum x)^2 / (n*sum x^2) over the queues' mean *bounded
+  slowdown*, x = (wait + run) / max(run, 10 s) per finished job: 1.0 when every queue is
+  slowed down alike, 1/n when one queue bears it all. ``None`` per queue and when no queue
+  finished a job.
+- Percentiles interpolate linearly between ranks (numpy's default).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from allotment.domain.resources import MILLI
+from allotment.sim.replay import FAILED, SUCCEEDED, UNFINISHED, JobResult, ReplayResult
+
+SLOWDOWN_FLOOR_S = 10.0
+"""Runs shorter than this count as this long in bounded slowdown."""
+
+SUMMARY_FIELDS = (
+    "jobs",
+    "jct_avg_s",
+    "jct_p50_s",
+    "jct_p99_s",
+    "wait_avg_s",
+    "wait_p50_s",
+    "wait_p99_s",
+    "utilization",
+    "makespan_s",
+    "preemptions",
+    "guarantee_violations",
+    "fairness_jain",
+    "wall_s",
+)
+"""The INTERFACES.md summary fields, in order; the summary adds a few more after them."""
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (0-100) of ``values`` with linear interpolation; None if
+    empty. ``values`` need not be sorted."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def jain(values: Iterable[float]) -> float | None:
+    """Jain's fairness index of ``values``; None if empty, 1.0 if all are zero."""
+    xs = list(values)
+    if not xs:
+        return None
+    square_sum = sum(x * x for x in xs)
+    if square_sum == 0:
+        return 1.0
+    return sum(xs) ** 2 / (len(xs) * square_sum)
+
+
+def _finished(job: JobResult) -> bool:
+    return job.outcome in (SUCCEEDED, FAILED) and job.end is not None
+
+
+def _slowdown(job: JobResult) -> float:
+    assert job.end is not None and job.first_start is not None
+    run = max(job.duration, 0.0)
+    jct = job.end - job.submit
+    return jct / max(run, SLOWDOWN_FLOOR_S)
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _group(jobs: Sequence[JobResult], *, total_gpus: int, span: float | None) -> dict[str, Any]:
+    """Stats of ``jobs``; utilization over ``span`` seconds (None: their own makespan)."""
+    waits = [j.first_start - j.submit for j in jobs if j.first_start is not None]
+    jcts = [j.end - j.submit for j in jobs if _finished(j) and j.end is not None]
+    ends = [j.end for j in jobs if j.end is not None]
+    own_span = (max(ends) - min(j.submit for j in jobs)) if jobs and ends else None
+    denominator_span = own_span if span is None else span
+    gpu_seconds = sum(j.gpu_seconds for j in jobs)
+    utilization = None
+    if denominator_span and total_gpus:
+        utilization = gpu_seconds / (total_gpus * denominator_span)
+    return {
+        "jobs": len(jobs),
+        "jct_avg_s": _round(mean(jcts)),
+        "jct_p50_s": _round(percentile(jcts, 50)),
+        "jct_p99_s": _round(percentile(jcts, 99)),
+        "wait_avg_s": _round(mean(waits)),
+        "wait_p50_s": _round(percentile(waits, 50)),
+        "wait_p99_s": _round(percentile(waits, 99)),
+        "utilization": _round(utilization, 4),
+        "makespan_s": _round(own_span),
+        "preemptions": sum(j.preempted for j in jobs),
+        # TODO: count guarantee violations (a job waiting while its queue is under its
+        # nominal quota and its request fits in it); needs per-cycle quota usage that the
+        # replay does not track yet, so it is always 0 for now.
+        "guarantee_violations": 0,
+        "finished": sum(1 for j in jobs if _finished(j)),
+        "failed": sum(1 for j in jobs if j.outcome == FAILED),
+        "unfinished": sum(1 for j in jobs if j.outcome == UNFINISHED),
+        "gpu_hours": _round(gpu_seconds / MILLI / 3600.0),
+    }
+
+
+def summarize(result: ReplayResult) -> dict[str, Any]:
+    """The summary of one replay: the INTERFACES.md fields, a few more (``finished``,
+    ``failed``, ``unfinished``, ``gpu_hours``, ``cycles``, ``scheduler_s``), and
+    ``per_queue`` with the same fields per queue (``fairness_jain`` and ``wall_s`` are
+    None there)."""
+    jobs = result.jobs
+    overall = _group(jobs, total_gpus=result.total_gpus, span=None)
+    makespan = overall["makespan_s"]
+    by_queue: dict[str, list[JobResult]] = {}
+    for job in jobs:
+        by_queue.setdefault(job.queue, []).append(job)
+    per_queue: dict[str, dict[str, Any]] = {}
+    slowdowns: list[float] = []
+    for name in sorted(by_queue):
+        queue_jobs = by_queue[name]
+        stats = _group(queue_jobs, total_gpus=result.total_gpus, span=makespan)
+        finished = [_slowdown(j) for j in queue_jobs if _finished(j)]
+        if finished:
+            slowdowns.append(sum(finished) / len(finished))
+        stats["slowdown_avg"] = _round(mean(finished))
+        stats["fairness_jain"] = None
+        stats["wall_s"] = None
+        per_queue[name] = _ordered(stats)
+    overall["fairness_jain"] = _round(jain(slowdowns), 4)
+    overall["wall_s"] = _round(result.wall_s)
+    overall["cycles"] = result.cycles
+    overall["scheduler_s"] = _round(result.scheduler_s)
+    return {"policy": result.policy.name, **_ordered(overall), "per_queue": per_queue}
+
+
+def _ordered(stats: dict[str, Any]) -> dict[str, Any]:
+    head = {key: stats.get(key) for key in SUMMARY_FIELDS}
+    head.update({k: v for k, v in stats.items() if k not in head})
+    return head

@@ -1,0 +1,472 @@
+"""Trace replay: the real scheduler on a virtual clock with a simulated executor.
+
+Events are arrivals (``submit_time x time_scale``) and completions. Whenever the state
+changed at an instant ``t`` -- all events at ``t`` applied first -- the driver builds a
+:class:`Snapshot` at ``now=t`` and calls the scheduling core, then applies the decisions:
+
+- ``Admit``: the job starts at ``t`` on the given placements and ends at ``t + duration``
+  (``succeeded``), or is stopped at its ``max_runtime`` (``failed``, a timeout).
+- ``Preempt``: each victim stops at ``t`` (its attempt ends ``preempted``) and goes back
+  to pending with the same id and its original submit time; the preemptor stays pending
+  and is admitted by a following cycle.
+
+Cycles at one instant repeat while they change something (a preemption frees room, a
+core that admits a bounded number per cycle gets to finish), at most
+``max_cycles_per_instant`` times. The scheduler never sees a true duration: pending jobs
+carry ``expected_runtime=None`` and running ones ``expected_end=None``, unless the policy
+is an ``oracle``. The replay ends after the last event; jobs still pending then are
+``unfinished``.
+
+The simulated executor checks what the core decides: an admission of a job that is not
+pending, a gang placed incompletely, or a node over-committed raises :class:`ReplayError`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import importlib
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from allotment.domain.cluster import Cluster, Queue
+from allotment.domain.durations import next_window_open
+from allotment.domain.errors import AllotmentError
+from allotment.domain.reasons import ReasonCode
+from allotment.domain.resources import CPU, GPU, MEMORY
+from allotment.scheduler.decisions import Admit, Decisions
+from allotment.scheduler.snapshot import (
+    PendingJob,
+    ReplicaRequest,
+    RunningJob,
+    SchedulerPolicy,
+    Snapshot,
+)
+from allotment.sim.trace import TraceJob
+
+Scheduler = Callable[[Snapshot], Decisions]
+"""``schedule_once``: a pure function from a snapshot to decisions."""
+
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+PREEMPTED = "preempted"
+UNFINISHED = "unfinished"
+
+
+class ReplayError(AllotmentError):
+    """The scheduler decided something the simulated cluster cannot do (a core bug), or
+    the scheduler is not available."""
+
+    code = "replay_error"
+
+
+def default_scheduler() -> Scheduler:
+    """The real core, ``allotment.scheduler.cycle.schedule_once`` (imported on first use)."""
+    name = "allotment.scheduler.cycle"
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name:
+            raise
+        raise ReplayError(f"the scheduling core ({name}) is not available in this install") from exc
+    schedule_once: Scheduler = module.schedule_once
+    return schedule_once
+
+
+@dataclass(slots=True, kw_only=True)
+class Attempt:
+    """One attempt of one job: a row of ``--jobs-out``. Times are replay seconds;
+    ``gpus`` is the attempt's total in milli-GPUs, ``nodes`` its milli-GPUs per node."""
+
+    job_id: str
+    queue: str
+    attempt: int
+    submit: float
+    start: float | None
+    end: float | None
+    gpus: int
+    nodes: tuple[tuple[str, int], ...]
+    outcome: str
+
+
+@dataclass(slots=True, kw_only=True)
+class JobResult:
+    """A job's whole story: first start, final end and final outcome."""
+
+    job_id: str
+    queue: str
+    submit: float
+    duration: float
+    gpus: int
+    first_start: float | None = None
+    end: float | None = None
+    outcome: str = UNFINISHED
+    attempts: int = 0
+    preempted: int = 0
+    gpu_seconds: float = 0.0
+    """Milli-GPU-seconds held over all attempts."""
+
+
+@dataclass(slots=True, kw_only=True)
+class ReplayResult:
+    """Everything a replay produced, for metrics and ``--jobs-out``."""
+
+    policy: SchedulerPolicy
+    jobs: list[JobResult]
+    attempts: list[Attempt]
+    total_gpus: int
+    """Milli-GPUs of the healthy nodes."""
+    cycles: int = 0
+    preemptions: int = 0
+    scheduler_s: float = 0.0
+    wall_s: float = 0.0
+
+
+@dataclass(slots=True)
+class _Run:
+    running: RunningJob
+    attempt: int
+    end: float
+    outcome: str
+    gpus: int
+    nodes: tuple[tuple[str, int], ...]
+    usage: list[tuple[str, dict[str, int]]] = field(default_factory=list)
+
+
+def pending_job(
+    job: TraceJob, cluster: Cluster, *, submit_time: float, oracle: bool = False
+) -> PendingJob:
+    """The scheduler's view of a trace job: its request, never its true duration (unless
+    ``oracle``). The priority class is the trace's, else the queue's default."""
+    resources: dict[str, int] = {}
+    if job.gpus:
+        resources[GPU] = job.gpus
+    if job.cpu:
+        resources[CPU] = job.cpu
+    if job.memory:
+        resources[MEMORY] = job.memory
+    queue = cluster.queues[job.queue]
+    priority = cluster.priority_class_for(queue, job.priority_class)
+    if priority is None:
+        raise ReplayError(f"job {job.job_id}: no priority class allowed in queue {job.queue}")
+    expected = None
+    if oracle:
+        expected = job.duration if job.max_runtime is None else min(job.duration, job.max_runtime)
+    return PendingJob(
+        id=job.job_id,
+        queue=job.queue,
+        priority_class=priority.name,
+        submit_time=submit_time,
+        replicas=(ReplicaRequest(name="worker", count=job.replicas, resources=resources),),
+        pools=(job.pool,) if job.pool else (),
+        max_runtime=job.max_runtime,
+        expected_runtime=expected,
+    )
+
+
+class Replay:
+    """One replay of ``jobs`` on ``cluster`` under ``policy``; call :meth:`run` once.
+
+    ``scheduler`` defaults to the real core. Blocks for the whole replay; raises
+    :class:`ReplayError` when the core's decisions cannot be carried out.
+    """
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        jobs: Sequence[TraceJob],
+        policy: SchedulerPolicy,
+        *,
+        time_scale: float = 1.0,
+        scheduler: Scheduler | None = None,
+        max_cycles_per_instant: int = 64,
+    ) -> None:
+        if not (time_scale >= 0 and math.isfinite(time_scale)):
+            raise ReplayError(f"time scale must be a finite number >= 0, got {time_scale}")
+        self.cluster = cluster
+        self.policy = policy
+        self.time_scale = time_scale
+        self.scheduler = scheduler
+        self.max_cycles_per_instant = max(1, max_cycles_per_instant)
+        self.traces = {job.job_id: job for job in jobs}
+        self.arrivals = sorted(
+            ((job.submit_time * time_scale, i, job.job_id) for i, job in enumerate(jobs)),
+        )
+        self.results = {
+            job.job_id: JobResult(
+                job_id=job.job_id,
+                queue=job.queue,
+                submit=job.submit_time * time_scale,
+                duration=job.duration,
+                gpus=job.total_gpus,
+            )
+            for job in jobs
+        }
+        self.nodes = {name: node for name, node in cluster.nodes.items() if node.healthy}
+        self.capacity = {name: node.capacity.as_dict() for name, node in self.nodes.items()}
+        self.used: dict[str, dict[str, int]] = {name: {} for name in self.nodes}
+        self.pending: dict[str, PendingJob] = {}
+        self.requests: dict[str, PendingJob] = {}
+        self.running: dict[str, _Run] = {}
+        self.attempts: list[Attempt] = []
+        self.completions: list[tuple[float, int, str, int]] = []
+        self.wakeups: list[float] = []
+        self._wakeup_set: set[float] = set()
+        self._seq = 0
+        self.cycles = 0
+        self.preemptions = 0
+        self.scheduler_s = 0.0
+
+    # -- driver ---------------------------------------------------------------------
+
+    def run(self) -> ReplayResult:
+        started = time.perf_counter()
+        schedule = self.scheduler or default_scheduler()
+        arrivals = self.arrivals
+        index = 0
+        while True:
+            now = math.inf
+            if index < len(arrivals):
+                now = arrivals[index][0]
+            if self.completions and self.completions[0][0] < now:
+                now = self.completions[0][0]
+            if self.wakeups and self.wakeups[0] < now:
+                now = self.wakeups[0]
+            if now == math.inf:
+                break
+            changed = False
+            while index < len(arrivals) and arrivals[index][0] <= now:
+                self._arrive(arrivals[index][2], now)
+                index += 1
+                changed = True
+            while self.completions and self.completions[0][0] <= now:
+                _, _, job_id, attempt = heapq.heappop(self.completions)
+                changed = self._complete(job_id, attempt, now) or changed
+            while self.wakeups and self.wakeups[0] <= now:
+                self._wakeup_set.discard(heapq.heappop(self.wakeups))
+                changed = True
+            if changed and self.pending:
+                self._settle(now, schedule)
+        for job_id in list(self.pending):
+            self._unfinished(job_id)
+        jobs = [self.results[job_id] for _, _, job_id in sorted(arrivals, key=lambda a: a[1])]
+        return ReplayResult(
+            policy=self.policy,
+            jobs=jobs,
+            attempts=self.attempts,
+            total_gpus=sum(c.get(GPU, 0) for c in self.capacity.values()),
+            cycles=self.cycles,
+            preemptions=self.preemptions,
+            scheduler_s=self.scheduler_s,
+            wall_s=time.perf_counter() - started,
+        )
+
+    def _settle(self, now: float, schedule: Scheduler) -> None:
+        decisions: Decisions | None = None
+        for _ in range(self.max_cycles_per_instant):
+            snapshot = Snapshot(
+                now=now,
+                cluster=self.cluster,
+                pending=list(self.pending.values()),
+                running=[run.running for run in self.running.values()],
+                policy=self.policy,
+            )
+            began = time.perf_counter()
+            decisions = schedule(snapshot)
+            self.scheduler_s += time.perf_counter() - began
+            self.cycles += 1
+            if not self._apply(decisions, now) or not self.pending:
+                break
+        if decisions is not None and self.pending:
+            self._plan_wakeups(decisions, now)
+
+    def _apply(self, decisions: Decisions, now: float) -> bool:
+        progress = False
+        for preempt in decisions.preemptions:
+            for victim in preempt.victims:
+                progress = self._preempt(victim.job, now) or progress
+        for admit in decisions.admitted:
+            self._start(admit, now)
+            progress = True
+        return progress
+
+    def _plan_wakeups(self, decisions: Decisions, now: float) -> None:
+        """Jobs held back by a time window need a cycle when it opens: no event says so."""
+        seen: set[str] = set()
+        for job_id, reason in decisions.waiting.items():
+            if reason.code is not ReasonCode.OUTSIDE_TIME_WINDOW:
+                continue
+            job = self.pending.get(job_id)
+            if job is None or job.queue in seen:
+                continue
+            seen.add(job.queue)
+            at = _next_opening(self.cluster.queues[job.queue], now)
+            if at is not None and at > now and at not in self._wakeup_set:
+                self._wakeup_set.add(at)
+                heapq.heappush(self.wakeups, at)
+
+    # -- the simulated executor -------------------------------------------------------
+
+    def _arrive(self, job_id: str, now: float) -> None:
+        trace = self.traces[job_id]
+        job = pending_job(
+            trace,
+            self.cluster,
+            submit_time=self.results[job_id].submit,
+            oracle=self.policy.oracle,
+        )
+        self.requests[job_id] = job
+        self.pending[job_id] = job
+
+    def _start(self, admit: Admit, now: float) -> None:
+        job = self.pending.pop(admit.job, None)
+        if job is None:
+            state = "running" if admit.job in self.running else "not pending"
+            raise ReplayError(f"the scheduler admitted job {admit.job}, which is {state}")
+        if len(admit.placements) != job.replica_count:
+            raise ReplayError(
+                f"the scheduler placed {len(admit.placements)} of job {admit.job}'s "
+                f"{job.replica_count} replicas; gangs start whole"
+            )
+        usage: list[tuple[str, dict[str, int]]] = []
+        per_node: dict[str, int] = {}
+        for placement in admit.placements:
+            node = placement.node
+            capacity = self.capacity.get(node)
+            if capacity is None:
+                raise ReplayError(f"job {admit.job} placed on unknown or unhealthy node {node}")
+            used = self.used[node]
+            for key, amount in placement.resources.items():
+                total = used.get(key, 0) + amount
+                if total > capacity.get(key, 0):
+                    raise ReplayError(
+                        f"job {admit.job} over-commits {key} on node {node} at t={now:g}: "
+                        f"{total} of {capacity.get(key, 0)} milli-units"
+                    )
+                used[key] = total
+            usage.append((node, dict(placement.resources)))
+            per_node[node] = per_node.get(node, 0) + placement.resources.get(GPU, 0)
+        trace = self.traces[admit.job]
+        result = self.results[admit.job]
+        result.attempts += 1
+        if result.first_start is None:
+            result.first_start = now
+        runtime, outcome = trace.duration, SUCCEEDED
+        if trace.max_runtime is not None and trace.duration > trace.max_runtime:
+            runtime, outcome = trace.max_runtime, FAILED
+        oracle_end = now + job.expected_runtime if job.expected_runtime is not None else None
+        running = RunningJob(
+            id=job.id,
+            queue=job.queue,
+            priority_class=job.priority_class,
+            pool=admit.pool,
+            start_time=now,
+            placements=admit.placements,
+            expected_end=oracle_end if self.policy.oracle else None,
+            max_end=now + job.max_runtime if job.max_runtime is not None else None,
+        )
+        self.running[job.id] = _Run(
+            running=running,
+            attempt=result.attempts,
+            end=now + runtime,
+            outcome=outcome,
+            gpus=sum(per_node.values()),
+            nodes=tuple(per_node.items()),
+            usage=usage,
+        )
+        self._seq += 1
+        heapq.heappush(self.completions, (now + runtime, self._seq, job.id, result.attempts))
+
+    def _release(self, run: _Run) -> None:
+        for node, resources in run.usage:
+            used = self.used[node]
+            for key, amount in resources.items():
+                used[key] -= amount
+
+    def _record(self, job_id: str, run: _Run, end: float, outcome: str) -> None:
+        result = self.results[job_id]
+        start = run.running.start_time
+        result.gpu_seconds += run.gpus * (end - start)
+        self.attempts.append(
+            Attempt(
+                job_id=job_id,
+                queue=result.queue,
+                attempt=run.attempt,
+                submit=result.submit,
+                start=start,
+                end=end,
+                gpus=run.gpus,
+                nodes=run.nodes,
+                outcome=outcome,
+            )
+        )
+
+    def _complete(self, job_id: str, attempt: int, now: float) -> bool:
+        run = self.running.get(job_id)
+        if run is None or run.attempt != attempt:
+            return False
+        del self.running[job_id]
+        self._release(run)
+        self._record(job_id, run, now, run.outcome)
+        result = self.results[job_id]
+        result.end = now
+        result.outcome = run.outcome
+        return True
+
+    def _preempt(self, job_id: str, now: float) -> bool:
+        run = self.running.pop(job_id, None)
+        if run is None:
+            return False
+        self._release(run)
+        self._record(job_id, run, now, PREEMPTED)
+        result = self.results[job_id]
+        result.preempted += 1
+        self.preemptions += 1
+        self.pending[job_id] = self.requests[job_id]
+        return True
+
+    def _unfinished(self, job_id: str) -> None:
+        result = self.results[job_id]
+        request = self.requests[job_id]
+        self.attempts.append(
+            Attempt(
+                job_id=job_id,
+                queue=result.queue,
+                attempt=result.attempts + 1,
+                submit=result.submit,
+                start=None,
+                end=None,
+                gpus=request.gpus,
+                nodes=(),
+                outcome=UNFINISHED,
+            )
+        )
+        result.outcome = UNFINISHED
+        result.end = None
+
+
+def _next_opening(queue: Queue, now: float) -> float | None:
+    """When ``queue`` and all its ancestors are next open (approximately: the latest of
+    their next openings), or None if that cannot be known."""
+    latest: float | None = None
+    for node in (queue, *queue.ancestors()):
+        if not node.time_windows:
+            continue
+        at = next_window_open(node.time_windows, now)
+        if at is None:
+            return None
+        latest = at if latest is None else max(latest, at)
+    return latest
+
+
+def replay(
+    cluster: Cluster,
+    jobs: Sequence[TraceJob],
+    policy: SchedulerPolicy,
+    *,
+    time_scale: float = 1.0,
+    scheduler: Scheduler | None = None,
+) -> ReplayResult:
+    """Replay ``jobs`` on ``cluster`` under ``policy`` (see :class:`Replay`)."""
+    return Replay(cluster, jobs, policy, time_scale=time_scale, scheduler=scheduler).run()

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import pytest
+
+from allotment.sim.policies import PRESETS, UnknownPolicy, parse_policy, policy_flags
+
+
+def flags(name: str) -> dict[str, bool]:
+    out = policy_flags(parse_policy(name))
+    return {k: v for k, v in out.items() if v}
+
+
+@pytest.mark.parametrize(
+    ("name", "on"),
+    [
+        ("fifo-isolated", {"strict_fifo"}),
+        ("borrowing", {"borrowing", "reclaim"}),
+        ("fair-share", {"borrowing", "reclaim", "fair_share"}),
+        ("backfill", {"strict_fifo", "backfill"}),
+        ("default", {"borrowing", "preemption", "reclaim", "fair_share", "backfill"}),
+    ],
+)
+def test_presets(name: str, on: set[str]) -> None:
+    assert set(flags(name)) == on
+    assert parse_policy(name).name == name
+
+
+def test_composition_ors_the_flags() -> None:
+    policy = parse_policy("borrowing+backfill")
+    assert set(flags("borrowing+backfill")) == {"borrowing", "reclaim", "backfill", "strict_fifo"}
+    assert policy.name == "borrowing+backfill"
+    assert not policy.oracle
+
+
+def test_oracle_modifier() -> None:
+    policy = parse_policy("default+oracle")
+    assert policy.oracle
+    assert policy.borrowing and policy.backfill and policy.preemption
+    assert not parse_policy("default").oracle
+    assert parse_policy(" Default + Oracle ").name == "default+oracle"
+
+
+@pytest.mark.parametrize("name", ["fifo", "default+magic", "", "default+", "oracle"])
+def test_unknown_names_list_the_known_ones(name: str) -> None:
+    with pytest.raises(UnknownPolicy) as caught:
+        parse_policy(name)
+    for preset in PRESETS:
+        assert preset in caught.value.message
+    assert "+oracle" in caught.value.message
