@@ -54,40 +54,66 @@ def test_priority_before_fifo_within_a_queue() -> None:
     assert admitted(decisions) == ["urgent"]
 
 
-def test_queue_below_its_share_goes_first() -> None:
-    cluster = one_node_two_queues().build()
-    # a already uses its whole guarantee; b uses nothing. b's later job goes first.
-    decisions = cycle(
-        cluster,
-        [job("a-next", "a", gpu=4, submit=NOW - 300), job("b-next", "b", gpu=4, submit=NOW - 5)],
-        [running("a-run", "a", "a100-00", gpu=4)],
+def overlapping_guarantees() -> ClusterBuilder:
+    """One 8-GPU node, each queue guaranteed all of it: nobody needs to borrow, so the
+    order is decided by share, submission and age alone."""
+    return (
+        ClusterBuilder()
+        .pool("a100", nodes=1)
+        .leaf("a", quota={"a100": {"gpu": 8}})
+        .leaf("b", quota={"a100": {"gpu": 8}})
     )
+
+
+SHARE_PENDING = [
+    job("a-next", "a", gpu=4, submit=NOW - 300),
+    job("b-next", "b", gpu=4, submit=NOW - 5),
+]
+SHARE_RUNS = [running("a-run", "a", "a100-00", gpu=4)]
+
+
+def test_queue_below_its_share_goes_first() -> None:
+    # a already uses half its guarantee; b uses nothing. b's later job goes first.
+    decisions = cycle(overlapping_guarantees().build(), SHARE_PENDING, SHARE_RUNS)
     assert admitted(decisions) == ["b-next"]
 
 
 def test_without_fair_share_submission_order_across_queues() -> None:
-    cluster = one_node_two_queues().build()
     decisions = cycle(
-        cluster,
-        [job("a-next", "a", gpu=4, submit=NOW - 300), job("b-next", "b", gpu=4, submit=NOW - 5)],
-        [running("a-run", "a", "a100-00", gpu=4)],
+        overlapping_guarantees().build(),
+        SHARE_PENDING,
+        SHARE_RUNS,
         policy=SchedulerPolicy(fair_share=False),
     )
     assert admitted(decisions) == ["a-next"]
 
 
 def test_aging_lets_a_long_waiting_job_overtake_a_fairer_queue() -> None:
-    cluster = one_node_two_queues().build()
-    runs = [running("a-run", "a", "a100-00", gpu=4)]
+    cluster = overlapping_guarantees().build()
     pending = [
         job("a-old", "a", gpu=4, submit=NOW - 3 * 3600),
         job("b-new", "b", gpu=4, submit=NOW - 5),
     ]
-    # a's share is 1.0; with a one-hour horizon three hours of waiting outweighs it.
-    aged = cycle(cluster, pending, runs, policy=SchedulerPolicy(aging_horizon=3600))
+    # a's share is 0.5; with a one-hour horizon three hours of waiting outweighs it.
+    aged = cycle(cluster, pending, SHARE_RUNS, policy=SchedulerPolicy(aging_horizon=3600))
     assert admitted(aged) == ["a-old"]
-    no_aging = cycle(cluster, pending, runs, policy=SchedulerPolicy(aging_horizon=0))
+    no_aging = cycle(cluster, pending, SHARE_RUNS, policy=SchedulerPolicy(aging_horizon=0))
     assert admitted(no_aging) == ["b-new"]
+
+
+def test_guaranteed_heads_go_before_borrowing_heads() -> None:
+    cluster = one_node_two_queues().build()
+    # a has used its 4; its next job would borrow. b's job fits b's own guarantee and
+    # goes first even though it came later and has a lower priority.
+    decisions = cycle(
+        cluster,
+        [
+            job("a-borrow", "a", gpu=4, submit=NOW - 300, prio="key-project"),
+            job("b-own", "b", gpu=4, submit=NOW - 5, prio="experiment"),
+        ],
+        [running("a-run", "a", "a100-00", gpu=4)],
+    )
+    assert admitted(decisions) == ["b-own"]
 
 
 def test_weight_scales_the_share() -> None:

@@ -55,6 +55,8 @@ class Line:
     blocker: PendingJob | None = None
     blocker_reason: Reason | None = None
     done: bool = False
+    pools: list[str] | None = None
+    """The pools open to the queue (computed on first use)."""
 
 
 @dataclass(slots=True)
@@ -233,9 +235,27 @@ class _Cycle:
             share = shares[name] = self.state.quota.dominant_share(name)
         job = line.jobs[line.index]
         key = ordering.across_queues_key(
-            job, line.values[line.index], share, self.state.now, self.state.policy
+            job,
+            line.values[line.index],
+            share,
+            self.state.now,
+            self.state.policy,
+            borrows=self._borrows(job, line),
         )
         heapq.heappush(heap, (key, i))
+
+    def _borrows(self, job: PendingJob, line: Line) -> bool:
+        """Whether the job would need borrowed quota in every pool it may use."""
+        if not self.state.policy.borrowing:
+            return False
+        if line.pools is None:
+            line.pools = self.state.cluster.allowed_pools(line.queue)
+        total = job.total()
+        quota = self.state.quota
+        pools = job.pools or line.pools
+        return not any(
+            quota.within_nominal(line.queue.name, p, total) for p in pools if p in quota.pools
+        )
 
     def _gate(
         self, job: PendingJob, queue: Queue

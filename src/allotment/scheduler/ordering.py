@@ -1,7 +1,10 @@
 """Who goes first (R2.2, R2.3).
 
 Within a queue: higher priority class first, then first come, first served. Across
-queues: higher priority class first; among equal classes, the queue with the lower
+queues: a head that fits in its queue's unused nominal quota goes before one that would
+borrow (as in Kueue: otherwise a borrower admitted first is reclaimed at once by the
+guaranteed job behind it, a preemption for nothing); then the higher priority class;
+among equal classes, the queue with the lower
 weighted dominant-resource share (usage / nominal quota, the largest over pools and
 resources) goes first, so a queue below its guarantee goes before one above it; waiting
 lowers the key by ``wait / aging_horizon`` so that no job starves. Without fair share,
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 from allotment.scheduler.snapshot import PendingJob, SchedulerPolicy
 
-QueueKey = tuple[int, float, float, str]
+QueueKey = tuple[int, int, float, float, str]
 
 
 def within_queue_key(job: PendingJob, value: int) -> tuple[int, float, str]:
@@ -21,12 +24,19 @@ def within_queue_key(job: PendingJob, value: int) -> tuple[int, float, str]:
 
 
 def across_queues_key(
-    job: PendingJob, value: int, share: float, now: float, policy: SchedulerPolicy
+    job: PendingJob,
+    value: int,
+    share: float,
+    now: float,
+    policy: SchedulerPolicy,
+    *,
+    borrows: bool = False,
 ) -> QueueKey:
     """Sort key of a queue by its head job; lower goes first."""
+    first = 1 if borrows else 0
     if not policy.fair_share:
-        return (-value, job.submit_time, job.submit_time, job.id)
+        return (first, -value, job.submit_time, job.submit_time, job.id)
     age = 0.0
     if policy.aging_horizon > 0:
         age = max(0.0, now - job.submit_time) / policy.aging_horizon
-    return (-value, share - age, job.submit_time, job.id)
+    return (first, -value, share - age, job.submit_time, job.id)
