@@ -204,6 +204,52 @@ def sim(
         typer.echo(f"wrote {path}", err=True)
 
 
+@app.command()
+def plan(
+    jobs: Annotated[list[str], typer.Argument(help="Job files, submitted in this order.")],
+    cluster_file: Annotated[
+        str | None, typer.Option("--file", "-f", help="Cluster file; default ./cluster.yaml.")
+    ] = None,
+    policy: Annotated[
+        str, typer.Option("--policy", "-p", help="Scheduler policy (as for sim).")
+    ] = "default",
+    output: OutputOption = Output.TABLE,
+) -> None:
+    """Show what one scheduling cycle would do with these jobs on an empty cluster:
+    where each would run, or why it would wait and when it would start."""
+    import time
+
+    from allotment.cli.plan import plan as make_plan
+    from allotment.cli.plan import plan_table
+    from allotment.sim.policies import parse_policy
+
+    cluster = load_cluster(_cluster_path(cluster_file))
+    specs = []
+    for i, path in enumerate(jobs):
+        spec = load_job(path)
+        issues = check_job(spec, cluster)
+        if issues:
+            raise ConfigError(issues, source=path)
+        specs.append((f"{i + 1}-{spec.name}", spec))
+    rows = make_plan(cluster, specs, now=time.time(), policy=parse_policy(policy))
+    if output is Output.JSON:
+        _print_json(rows)
+    else:
+        _console().print(plan_table(rows))
+
+
+def _cluster_path(cluster_file: str | None) -> str:
+    if cluster_file is None:
+        if not Path("cluster.yaml").is_file():
+            raise InvalidInput("no cluster file: give -f cluster.yaml")
+        return "cluster.yaml"
+    if not Path(cluster_file).is_file():
+        raise InvalidInput(
+            f"cluster file {cluster_file}: no such file", fields={"path": cluster_file}
+        )
+    return cluster_file
+
+
 def _jobs_out_path(path: str, policy: str, *, several: bool) -> Path:
     target = Path(path)
     if not several:

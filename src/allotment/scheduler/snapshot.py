@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from allotment.domain.cluster import Cluster, Node
+from allotment.domain.job import JobSpec
 from allotment.domain.resources import GPU
 
 
@@ -142,3 +143,32 @@ class Snapshot:
 
     def node_list(self) -> Sequence[Node]:
         return list(self.cluster.nodes.values()) if self.nodes is None else self.nodes
+
+
+def pending_from_spec(
+    job_id: str,
+    spec: JobSpec,
+    cluster: Cluster,
+    *,
+    submit_time: float,
+    not_before: float | None = None,
+) -> PendingJob:
+    """What the scheduler sees of a submitted job file: its replicas, acceptable pools,
+    priority class (the queue's default when the job names none) and declared runtimes.
+    An unknown queue or class is passed through; the cycle answers it with ``invalid``."""
+    queue = cluster.queues.get(spec.queue)
+    klass = cluster.priority_class_for(queue, spec.priority_class) if queue else None
+    return PendingJob(
+        id=job_id,
+        queue=spec.queue,
+        priority_class=klass.name if klass else (spec.priority_class or ""),
+        submit_time=submit_time,
+        replicas=tuple(
+            ReplicaRequest(name=g.name, count=g.count, resources=g.resources.as_dict())
+            for g in spec.replicas
+        ),
+        pools=tuple(spec.pools),
+        max_runtime=spec.max_runtime,
+        expected_runtime=spec.expected_runtime,
+        not_before=not_before,
+    )
