@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 from allotment.domain.resources import GPU, MILLI
-from allotment.scheduler.placement import scratch_copy
+from allotment.scheduler.placement import Placer
 from allotment.scheduler.snapshot import PendingJob
 from allotment.scheduler.state import CycleState
 
@@ -72,7 +72,7 @@ def plan_reservation(state: CycleState, job: PendingJob, pool: str) -> Reservati
     )
     if not holders:
         return None
-    scratch = scratch_copy(state.placer, pool)
+    scratch: Placer = state.placer.scratch(pool)
     need_gpu = job.gpus
     single = job.replica_count == 1
     request = job.replicas[0].resources if single else {}

@@ -67,6 +67,8 @@ class _Cycle:
     reservations: Reservations = field(default_factory=Reservations)
     taken: set[str] = field(default_factory=set)
     no_fit: dict[tuple[object, ...], Reason] = field(default_factory=dict)
+    no_victims: set[tuple[object, ...]] = field(default_factory=set)
+    searches: int = 0
     answered: set[str] = field(default_factory=set)
     """Jobs decided before phase 4 (nominated preemptors)."""
     examined: int = 0
@@ -431,14 +433,31 @@ class _Cycle:
                 return Outcome.ADMITTED, None
             assert placed.reason is not None
             self.no_fit[key] = placed.reason
-            if claims is not None and state.placer.place(pool, job.replicas).ok:
-                held_back.append(pool)
+            if claims is not None and check.fits:
+                free_key = (pool, shape, False)
+                if free_key not in self.no_fit:
+                    unclaimed = state.placer.place(pool, job.replicas)
+                    if unclaimed.ok:
+                        held_back.append(pool)
+                    else:
+                        assert unclaimed.reason is not None
+                        self.no_fit[free_key] = unclaimed.reason
             reasons.append(placed.reason)
-        if state.policy.preemption or state.policy.reclaim:
+        preempting = state.policy.preemption or state.policy.reclaim
+        if preempting and klass.can_preempt and not held_back:
             for pool in pools:
-                plan = find_victims(state, job, queue, pool, klass, self.taken)
+                # The world only fills up during a cycle: a search that failed fails again
+                # for the same queue, class and shape.
+                tried = (queue.name, pool, klass.value, shape)
+                if tried in self.no_victims:
+                    continue
+                if self.searches >= state.policy.preemption_searches:
+                    break
+                self.searches += 1
+                plan = find_victims(state, job, queue, pool, klass, self.taken, claims)
                 if plan is not None:
                     return Outcome.PREEMPTING, self._preempt(job, queue, klass, pool, plan)
+                self.no_victims.add(tried)
         if held_back:
             first = self.reservations.items[0]
             return Outcome.CAPACITY, Reason(

@@ -7,8 +7,9 @@ prefer one node, then one rack (or ``block``), then anywhere in the pool, choosi
 tightest group. A fractional GPU request (under one GPU) shares a device, best fit.
 
 The index keeps, per pool, nodes bucketed by their number of fully free devices, so a
-fit is found without scanning the fleet. Placement only reads; :meth:`Placer.allocate`
-and :meth:`Placer.release` change free capacity and are exact inverses.
+fit is found without scanning the fleet, and the topology groups of each pool. Placement
+only reads; :meth:`Placer.allocate` and :meth:`Placer.release` change free capacity and
+are exact inverses.
 """
 
 from __future__ import annotations
@@ -18,11 +19,17 @@ from dataclasses import dataclass, field
 
 from allotment.domain.cluster import Node
 from allotment.domain.reasons import Reason, ReasonCode
-from allotment.domain.resources import GPU, MILLI, format_quantity
+from allotment.domain.resources import CPU, GPU, MILLI, format_quantity
 from allotment.scheduler.snapshot import ReplicaPlacement, ReplicaRequest
 
 TOPOLOGY_LEVELS = ("rack", "block")
 """Topology labels tried, in order, for compact placement of multi-replica jobs."""
+
+Claims = Mapping[str, Mapping[str, int]]
+"""Per node, capacity held back for reservations."""
+
+Replica = tuple[str, int, Mapping[str, int]]
+"""(group, index, resources) of one replica."""
 
 
 class NodeState:
@@ -40,34 +47,17 @@ class NodeState:
         self.device_free = [MILLI] * count
         self.whole_free = count
 
-    def fits(self, request: Mapping[str, int], claim: Mapping[str, int] | None = None) -> bool:
-        free = self.free
-        for key, amount in request.items():
-            have = free.get(key, 0) - (claim.get(key, 0) if claim else 0)
-            if amount > have:
-                return False
-        gpu = request.get(GPU, 0)
-        if gpu:
-            whole, part = divmod(gpu, MILLI)
-            reserved_whole = (claim.get(GPU, 0) + MILLI - 1) // MILLI if claim else 0
-            if whole and whole > self.whole_free - reserved_whole:
-                return False
-            if part and not whole:
-                return any(f >= part for f in self.device_free)
-        return True
+    def twin(self) -> NodeState:
+        """A copy whose free capacity can change independently."""
+        copy = NodeState.__new__(NodeState)
+        copy.name, copy.pool, copy.capacity = self.name, self.pool, self.capacity
+        copy.topology, copy.whole_free = self.topology, self.whole_free
+        copy.free = dict(self.free)
+        copy.device_free = list(self.device_free)
+        return copy
 
-    def choose_devices(self, gpu: int) -> tuple[int, ...]:
-        whole, part = divmod(gpu, MILLI)
-        if whole:
-            chosen = [i for i, f in enumerate(self.device_free) if f == MILLI][:whole]
-            return tuple(chosen)
-        if part:
-            best = min(
-                (i for i, f in enumerate(self.device_free) if f >= part),
-                key=lambda i: (self.device_free[i], i),
-            )
-            return (best,)
-        return ()
+    def fits(self, request: Mapping[str, int], claim: Mapping[str, int] | None = None) -> bool:
+        return fits_in(self.free, self.device_free, request, claim, self.whole_free)
 
 
 @dataclass(slots=True)
@@ -83,31 +73,45 @@ class PlacementResult:
         return self.reason is None
 
 
-Claims = Mapping[str, Mapping[str, int]]
-"""Per node, capacity held back for backfill reservations."""
-
-
 class Placer:
     """Free capacity of every healthy node, indexed per pool for fast best fit."""
 
-    def __init__(self, nodes: Iterable[Node]) -> None:
+    def __init__(self, nodes: Iterable[Node] | Iterable[NodeState]) -> None:
         self.nodes: dict[str, NodeState] = {}
         self.by_pool: dict[str, list[NodeState]] = {}
         self._buckets: dict[str, list[dict[str, NodeState]]] = {}
-        self._max_devices: dict[str, int] = {}
+        self._groups: dict[str, list[dict[str, list[NodeState]]]] = {}
         for node in nodes:
-            if not node.healthy:
+            if isinstance(node, NodeState):
+                state = node
+            elif node.healthy:
+                state = NodeState(node)
+            else:
                 continue
-            state = NodeState(node)
-            self.nodes[node.name] = state
-            self.by_pool.setdefault(node.pool, []).append(state)
+            self.nodes[state.name] = state
+            self.by_pool.setdefault(state.pool, []).append(state)
         for pool, states in self.by_pool.items():
             top = max((len(s.device_free) for s in states), default=0)
-            self._max_devices[pool] = top
             buckets: list[dict[str, NodeState]] = [{} for _ in range(top + 1)]
             for state in states:
                 buckets[state.whole_free][state.name] = state
             self._buckets[pool] = buckets
+            levels = []
+            for level in TOPOLOGY_LEVELS:
+                groups: dict[str, list[NodeState]] = {}
+                for state in states:
+                    label = state.topology.get(level)
+                    if label is not None:
+                        groups.setdefault(label, []).append(state)
+                if groups and not (
+                    len(groups) == 1 and len(states) == len(next(iter(groups.values())))
+                ):
+                    levels.append(groups)  # a level that splits the pool
+            self._groups[pool] = levels
+
+    def scratch(self, pool: str) -> Placer:
+        """A separate placer over copies of one pool's nodes, for look-ahead."""
+        return Placer([s.twin() for s in self.by_pool.get(pool, ())])
 
     # ---------------------------------------------------------------- capacity
 
@@ -128,24 +132,21 @@ class Placer:
                 return True
         return False
 
+    def free_gpus(self, pool: str) -> int:
+        """Whole free GPUs in the pool (milli-units)."""
+        buckets = self._buckets.get(pool, [])
+        return sum(count * len(bucket) for count, bucket in enumerate(buckets)) * MILLI
+
     def largest_free(self, pool: str) -> dict[str, int]:
-        """The free resources of the node with the most free GPUs (then CPU)."""
-        best: NodeState | None = None
-        for state in self.by_pool.get(pool, ()):
-            if best is None or (state.whole_free, state.free.get("cpu", 0)) > (
-                best.whole_free,
-                best.free.get("cpu", 0),
-            ):
-                best = state
-        return dict(best.free) if best is not None else {}
+        """The free resources of a node with the most free GPUs (then CPU, among the
+        first few such nodes): the "largest free slot" shown in reasons."""
+        for bucket in reversed(self._buckets.get(pool, [])):
+            if bucket:
+                best = max(list(bucket.values())[:32], key=lambda s: s.free.get(CPU, 0))
+                return dict(best.free)
+        return {}
 
     # ---------------------------------------------------------------- changes
-
-    def _move(self, state: NodeState, before: int) -> None:
-        if state.whole_free != before:
-            buckets = self._buckets[state.pool]
-            del buckets[before][state.name]
-            buckets[state.whole_free][state.name] = state
 
     def allocate(self, placements: Iterable[ReplicaPlacement]) -> None:
         """Take the placements' resources and devices (they must be free)."""
@@ -161,16 +162,21 @@ class Placer:
             if state is None:
                 continue  # node gone or unhealthy: nothing to account
             before = state.whole_free
+            free = state.free
             for key, amount in placement.resources.items():
-                state.free[key] = state.free.get(key, 0) + sign * amount
+                free[key] = free.get(key, 0) + sign * amount
             gpu = placement.resources.get(GPU, 0)
             if gpu and placement.devices:
                 per_device = MILLI if gpu >= MILLI else gpu
+                devices = state.device_free
                 for index in placement.devices:
-                    if index < len(state.device_free):
-                        state.device_free[index] += sign * per_device
-                state.whole_free = sum(1 for f in state.device_free if f == MILLI)
-            self._move(state, before)
+                    if index < len(devices):
+                        devices[index] += sign * per_device
+                state.whole_free = sum(1 for f in devices if f == MILLI)
+                if state.whole_free != before:
+                    buckets = self._buckets[state.pool]
+                    del buckets[before][state.name]
+                    buckets[state.whole_free][state.name] = state
 
     # ---------------------------------------------------------------- placing
 
@@ -183,199 +189,195 @@ class Placer:
     ) -> PlacementResult:
         """Find a placement for every replica of a job in ``pool`` without changing
         anything, avoiding capacity held in ``claims``."""
-        flat = [(g.name, i, g.resources) for g in replicas for i in range(g.count)]
+        flat: list[Replica] = [(g.name, i, g.resources) for g in replicas for i in range(g.count)]
         if not flat:
             return PlacementResult()
-        states = self.by_pool.get(pool)
-        if not states:
+        if not self.by_pool.get(pool):
             return PlacementResult(reason=_no_fit(pool, flat[0][2], {}, "the pool has no nodes"))
         if len(flat) == 1:
-            name, index, request = flat[0]
-            state = self._best_single(pool, request, claims)
+            state = self._pick(flat[0][2], pool, None, {}, claims)
             if state is None:
-                return PlacementResult(reason=_no_fit(pool, request, self.largest_free(pool)))
-            devices = state.choose_devices(request.get(GPU, 0))
-            return PlacementResult(
-                placements=(
-                    ReplicaPlacement(
-                        group=name, index=index, node=state.name, resources=request, devices=devices
-                    ),
-                ),
-                nodes=(state.name,),
-            )
-        return self._place_gang(pool, flat, states, claims)
+                return PlacementResult(reason=_no_fit(pool, flat[0][2], self.largest_free(pool)))
+            return self._assign(flat, [state])
+        return self._place_gang(pool, flat, claims)
 
-    def _best_single(
-        self, pool: str, request: Mapping[str, int], claims: Claims | None
-    ) -> NodeState | None:
-        gpu = request.get(GPU, 0)
-        whole, part = divmod(gpu, MILLI)
-        if part and not whole:
-            return self._best_fraction(pool, request, part, claims)
-        buckets = self._buckets[pool]
-        for count in range(whole, len(buckets)):
-            for state in buckets[count].values():
-                claim = claims.get(state.name) if claims else None
-                if state.fits(request, claim):
-                    return state
-        return None
-
-    def _best_fraction(
-        self, pool: str, request: Mapping[str, int], part: int, claims: Claims | None
-    ) -> NodeState | None:
-        best: NodeState | None = None
-        best_key = (MILLI + 1, 0)
-        for state in self.by_pool[pool]:
-            claim = claims.get(state.name) if claims else None
-            if not state.fits(request, claim):
-                continue
-            tight = min(f for f in state.device_free if f >= part)
-            key = (tight, state.whole_free)
-            if key < best_key:
-                best, best_key = state, key
-        return best
-
-    def _place_gang(
-        self,
-        pool: str,
-        flat: list[tuple[str, int, Mapping[str, int]]],
-        states: list[NodeState],
-        claims: Claims | None,
-    ) -> PlacementResult:
-        ordered = sorted(flat, key=lambda r: (-r[2].get(GPU, 0), -r[2].get("cpu", 0)))
+    def _place_gang(self, pool: str, flat: list[Replica], claims: Claims | None) -> PlacementResult:
+        ordered = sorted(flat, key=lambda r: (-r[2].get(GPU, 0), -r[2].get(CPU, 0)))
         total_gpu = sum(r[2].get(GPU, 0) for r in flat)
         all_whole = all(r[2].get(GPU, 0) % MILLI == 0 for r in flat)
-        if all_whole and total_gpu > sum(s.whole_free for s in states) * MILLI:
-            placeable = self._count_placeable(ordered, states, claims)
-            return PlacementResult(reason=_gang_reason(pool, flat, placeable, self))
+        if all_whole and total_gpu > self.free_gpus(pool):
+            return PlacementResult(reason=self._gang_reason(pool, ordered, claims))
         # 1. one node
-        best_one: NodeState | None = None
-        total: dict[str, int] = {}
-        for _, _, request in flat:
-            for key, amount in request.items():
-                total[key] = total.get(key, 0) + amount
         if all_whole:
-            best_one = self._best_single(pool, total, claims)
-        if best_one is not None:
-            return self._assign(ordered, [best_one] * len(ordered))
-        # 2. one rack or block, tightest group first; 3. the whole pool
-        for level in TOPOLOGY_LEVELS:
-            groups: dict[str, list[NodeState]] = {}
-            for state in states:
-                label = state.topology.get(level)
-                if label is not None:
-                    groups.setdefault(label, []).append(state)
-            if not groups or (len(groups) == 1 and len(states) == sum(map(len, groups.values()))):
-                continue  # no such label, or one group holding the whole pool
+            total: dict[str, int] = {}
+            for _, _, request in flat:
+                for key, amount in request.items():
+                    total[key] = total.get(key, 0) + amount
+            one = self._pick(total, pool, None, {}, claims)
+            if one is not None:
+                return self._assign(ordered, [one] * len(ordered))
+        # 2. one rack or block, tightest group first
+        for groups in self._groups[pool]:
             candidates = []
             for label, members in groups.items():
                 room = sum(s.whole_free for s in members) * MILLI
                 if room >= total_gpu or not all_whole:
                     candidates.append((room, label, members))
-            for _, _, members in sorted(candidates, key=lambda c: (c[0], c[1])):
-                chosen = self._pack(ordered, members, claims)
+            candidates.sort(key=lambda c: (c[0], c[1]))
+            for _, _, members in candidates:
+                chosen = self._pack(ordered, pool, members, claims)
                 if chosen is not None:
                     return self._assign(ordered, chosen)
-        chosen = self._pack(ordered, states, claims)
+        # 3. the whole pool
+        chosen = self._pack(ordered, pool, None, claims)
         if chosen is not None:
             return self._assign(ordered, chosen)
-        placeable = self._count_placeable(ordered, states, claims)
-        return PlacementResult(reason=_gang_reason(pool, flat, placeable, self))
+        return PlacementResult(reason=self._gang_reason(pool, ordered, claims))
+
+    def _gang_reason(self, pool: str, ordered: list[Replica], claims: Claims | None) -> Reason:
+        placeable = len(self._pack(ordered, pool, None, claims, partial=True) or [])
+        if placeable == 0:
+            return _no_fit(pool, ordered[0][2], self.largest_free(pool))
+        return Reason(
+            ReasonCode.GANG_UNSATISFIABLE,
+            f"pool {pool}: only {placeable} of {len(ordered)} replicas fit at once; a gang "
+            "starts all together or not at all",
+            {
+                "pool": pool,
+                "replicas": len(ordered),
+                "placeable": placeable,
+                "largest_free": _show(self.largest_free(pool)),
+            },
+        )
 
     def _pack(
         self,
-        ordered: list[tuple[str, int, Mapping[str, int]]],
-        members: list[NodeState],
+        ordered: list[Replica],
+        pool: str,
+        members: list[NodeState] | None,
         claims: Claims | None,
         *,
         partial: bool = False,
     ) -> list[NodeState] | None:
-        """Best-fit decreasing on scratch copies of the members' free capacity; None if
-        some replica does not fit (with ``partial``, the replicas placed until then)."""
-        scratch = {s.name: (dict(s.free), list(s.device_free)) for s in members}
+        """Best-fit decreasing over ``members`` (None: the whole pool, through the
+        free-GPU buckets), on scratch copies of the nodes it touches. None if some
+        replica does not fit (with ``partial``, the replicas placed until then)."""
+        scratch: dict[str, tuple[dict[str, int], list[int]]] = {}
         chosen: list[NodeState] = []
         for _, _, request in ordered:
-            best: NodeState | None = None
-            best_key: tuple[int, int] | None = None
-            gpu = request.get(GPU, 0)
-            whole, part = divmod(gpu, MILLI)
-            for state in members:
-                free, devices = scratch[state.name]
-                claim = claims.get(state.name) if claims else None
-                if any(
-                    amount > free.get(k, 0) - (claim.get(k, 0) if claim else 0)
-                    for k, amount in request.items()
-                ):
-                    continue
-                full = sum(1 for f in devices if f == MILLI)
-                if whole and whole > full:
-                    continue
-                if part and not whole and not any(f >= part for f in devices):
-                    continue
-                key = (full, free.get("cpu", 0))
-                if best_key is None or key < best_key:
-                    best, best_key = state, key
+            best = self._pick(request, pool, members, scratch, claims)
             if best is None:
                 return chosen if partial else None
+            if best.name not in scratch:
+                scratch[best.name] = (dict(best.free), list(best.device_free))
             free, devices = scratch[best.name]
-            for k, amount in request.items():
-                free[k] = free.get(k, 0) - amount
-            if whole:
-                taken = 0
-                for i, f in enumerate(devices):
-                    if f == MILLI and taken < whole:
-                        devices[i] = 0
-                        taken += 1
-            elif part:
-                i = min(
-                    (i for i, f in enumerate(devices) if f >= part), key=lambda i: (devices[i], i)
-                )
-                devices[i] -= part
+            for key, amount in request.items():
+                free[key] = free.get(key, 0) - amount
+            _take_devices(devices, request.get(GPU, 0))
             chosen.append(best)
         return chosen
 
-    def _count_placeable(
+    def _pick(
         self,
-        ordered: list[tuple[str, int, Mapping[str, int]]],
-        states: list[NodeState],
+        request: Mapping[str, int],
+        pool: str,
+        members: list[NodeState] | None,
+        scratch: Mapping[str, tuple[dict[str, int], list[int]]],
         claims: Claims | None,
-    ) -> int:
-        return len(self._pack(ordered, states, claims, partial=True) or [])
-
-    def _assign(
-        self, ordered: list[tuple[str, int, Mapping[str, int]]], chosen: list[NodeState]
-    ) -> PlacementResult:
-        device_use = {s.name: list(s.device_free) for s in chosen}
-        placements = []
-        for (name, index, request), state in zip(ordered, chosen, strict=True):
-            devices = device_use[state.name]
-            gpu = request.get(GPU, 0)
-            whole, part = divmod(gpu, MILLI)
-            picked: list[int] = []
-            if whole:
-                for i, f in enumerate(devices):
-                    if f == MILLI and len(picked) < whole:
-                        picked.append(i)
-                        devices[i] = 0
-            elif part:
-                i = min(
-                    (i for i, f in enumerate(devices) if f >= part), key=lambda i: (devices[i], i)
-                )
-                devices[i] -= part
-                picked.append(i)
-            placements.append(
-                ReplicaPlacement(
-                    group=name,
-                    index=index,
-                    node=state.name,
-                    resources=request,
-                    devices=tuple(picked),
-                )
+    ) -> NodeState | None:
+        """The tightest node for one replica (fewest free whole GPUs, then least CPU),
+        seeing the nodes in ``scratch`` as changed there."""
+        best: NodeState | None = None
+        best_key: tuple[int, int] | None = None
+        whole, part = divmod(request.get(GPU, 0), MILLI)
+        if members is not None or (part and not whole) or scratch:
+            pool_states = self.by_pool.get(pool, [])
+            looked = (
+                members
+                if members is not None
+                else (pool_states if part and not whole else [self.nodes[n] for n in scratch])
             )
+            for state in looked:
+                free, devices = scratch.get(state.name) or (state.free, state.device_free)
+                claim = claims.get(state.name) if claims else None
+                if fits_in(free, devices, request, claim):
+                    if part and not whole:
+                        tight = min(f for f in devices if f >= part)
+                        key = (tight, sum(1 for f in devices if f == MILLI))
+                    else:
+                        key = (sum(1 for f in devices if f == MILLI), free.get(CPU, 0))
+                    if best_key is None or key < best_key:
+                        best, best_key = state, key
+            if members is not None or (part and not whole):
+                return best
+        buckets = self._buckets[pool]
+        for count in range(whole, len(buckets)):
+            if best_key is not None and count >= best_key[0]:
+                break
+            for state in buckets[count].values():
+                if state.name in scratch:
+                    continue
+                claim = claims.get(state.name) if claims else None
+                if fits_in(state.free, state.device_free, request, claim, state.whole_free):
+                    return state  # the lowest bucket that fits is the tightest
+        return best
+
+    def _assign(self, ordered: list[Replica], chosen: list[NodeState]) -> PlacementResult:
+        device_use = {s.name: list(s.device_free) for s in chosen}
+        placements = [
+            ReplicaPlacement(
+                group=name,
+                index=index,
+                node=state.name,
+                resources=request,
+                devices=tuple(_take_devices(device_use[state.name], request.get(GPU, 0))),
+            )
+            for (name, index, request), state in zip(ordered, chosen, strict=True)
+        ]
         placements.sort(key=lambda p: (p.group, p.index))
         return PlacementResult(
             placements=tuple(placements), nodes=tuple(dict.fromkeys(s.name for s in chosen))
         )
+
+
+def fits_in(
+    free: Mapping[str, int],
+    devices: list[int],
+    request: Mapping[str, int],
+    claim: Mapping[str, int] | None,
+    whole_free: int | None = None,
+) -> bool:
+    """Whether ``request`` fits in ``free`` and ``devices`` less ``claim``."""
+    for key, amount in request.items():
+        if amount > free.get(key, 0) - (claim.get(key, 0) if claim else 0):
+            return False
+    whole, part = divmod(request.get(GPU, 0), MILLI)
+    if whole:
+        full = whole_free if whole_free is not None else sum(1 for f in devices if f == MILLI)
+        reserved = (claim.get(GPU, 0) + MILLI - 1) // MILLI if claim else 0
+        return whole <= full - reserved
+    if part:
+        return any(f >= part for f in devices)
+    return True
+
+
+def _take_devices(devices: list[int], gpu: int) -> list[int]:
+    """Take ``gpu`` milli-GPUs from per-device free amounts in place: whole devices
+    lowest index first, or the tightest device for a fraction. Returns the indexes."""
+    whole, part = divmod(gpu, MILLI)
+    picked: list[int] = []
+    if whole:
+        for i, f in enumerate(devices):
+            if f == MILLI:
+                picked.append(i)
+                devices[i] = 0
+                if len(picked) == whole:
+                    break
+    elif part:
+        i = min((i for i, f in enumerate(devices) if f >= part), key=lambda i: (devices[i], i))
+        devices[i] -= part
+        picked.append(i)
+    return picked
 
 
 def _show(resources: Mapping[str, int]) -> dict[str, str]:
@@ -385,54 +387,15 @@ def _show(resources: Mapping[str, int]) -> dict[str, str]:
 def _no_fit(
     pool: str, request: Mapping[str, int], largest: Mapping[str, int], why: str | None = None
 ) -> Reason:
-    wanted = ", ".join(f"{v} {k}" for k, v in _show(request).items())
+    wanted = ", ".join(f"{v} {k}" for k, v in _show(request).items() if request[k])
     slot = ", ".join(f"{v} {k}" for k, v in _show(largest).items() if k in request) or "nothing"
+    message = (
+        f"pool {pool}: {why}"
+        if why
+        else f"pool {pool}: no node has {wanted} free for one replica; largest free slot: {slot}"
+    )
     return Reason(
         ReasonCode.NO_NODE_FITS,
-        (why and f"pool {pool}: {why}")
-        or f"pool {pool}: no node has {wanted} free for one replica; largest free slot: {slot}",
+        message,
         {"pool": pool, "requested": _show(request), "largest_free": _show(largest)},
     )
-
-
-def _gang_reason(
-    pool: str, flat: list[tuple[str, int, Mapping[str, int]]], placeable: int, placer: Placer
-) -> Reason:
-    if placeable == 0:
-        return _no_fit(pool, flat[0][2], placer.largest_free(pool))
-    return Reason(
-        ReasonCode.GANG_UNSATISFIABLE,
-        f"pool {pool}: only {placeable} of {len(flat)} replicas fit at once; a gang starts "
-        "all together or not at all",
-        {
-            "pool": pool,
-            "replicas": len(flat),
-            "placeable": placeable,
-            "largest_free": _show(placer.largest_free(pool)),
-        },
-    )
-
-
-def scratch_copy(placer: Placer, pool: str) -> Placer:
-    """A separate placer over copies of one pool's nodes, for look-ahead."""
-    copy = Placer(())
-    states = []
-    for state in placer.by_pool.get(pool, ()):
-        twin = NodeState.__new__(NodeState)
-        twin.name = state.name
-        twin.pool = state.pool
-        twin.capacity = state.capacity
-        twin.free = dict(state.free)
-        twin.topology = state.topology
-        twin.device_free = list(state.device_free)
-        twin.whole_free = state.whole_free
-        copy.nodes[twin.name] = twin
-        states.append(twin)
-    copy.by_pool[pool] = states
-    top = max((len(s.device_free) for s in states), default=0)
-    copy._max_devices[pool] = top
-    buckets: list[dict[str, NodeState]] = [{} for _ in range(top + 1)]
-    for twin in states:
-        buckets[twin.whole_free][twin.name] = twin
-    copy._buckets[pool] = buckets
-    return copy

@@ -17,11 +17,13 @@ quota and on nodes, then gives back every victim it can do without, and verifies
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from allotment.domain.cluster import PriorityClass, Queue
+from allotment.domain.resources import GPU, MILLI
 from allotment.scheduler.decisions import Victim
-from allotment.scheduler.placement import PlacementResult
+from allotment.scheduler.placement import Claims, PlacementResult, fits_in
 from allotment.scheduler.snapshot import PendingJob
 from allotment.scheduler.state import CycleState, Holder
 
@@ -74,22 +76,30 @@ def find_victims(
     pool: str,
     job_class: PriorityClass,
     taken: set[str],
+    claims: Claims | None = None,
 ) -> VictimPlan | None:
-    """Victims that let ``job`` into ``pool``, with its placement once they are gone;
-    None when no allowed set suffices. Leaves ``state`` as it found it."""
+    """Victims that let ``job`` into ``pool`` (leaving ``claims`` free), with its
+    placement once they are gone; None when no allowed, non-empty set suffices. Leaves
+    ``state`` as it found it."""
     if not job_class.can_preempt or job_class.borrow_only:
         return None
     total = job.total()
     reclaim_ok = state.policy.reclaim and state.quota.within_nominal(leaf.name, pool, total)
     candidates: list[tuple[Holder, str]] = []
     for holder in state.by_pool.get(pool, {}).values():
-        if holder.id in taken:
+        if holder.id in taken or holder.fresh:
             continue
         cause = _cause(state, job_class, leaf, holder, reclaim_ok)
         if cause is not None:
             candidates.append((holder, cause))
     if not candidates:
         return None
+    # Cheap bound first: even all candidates together plus the free capacity are short.
+    gpu = total.get(GPU, 0)
+    if gpu:
+        free = sum(s.free.get(GPU, 0) for s in state.placer.by_pool.get(pool, ()))
+        if free + sum(h.total.get(GPU, 0) for h, _ in candidates) < gpu:
+            return None
     candidates.sort(
         key=lambda c: (0 if c[0].klass.borrow_only else 1, c[0].klass.value, -c[0].start_time)
     )
@@ -98,8 +108,13 @@ def find_victims(
     def fits() -> PlacementResult | None:
         if not state.quota.check(leaf.name, pool, total).fits:
             return None
-        placed = state.placer.place(pool, job.replicas)
+        placed = state.placer.place(pool, job.replicas, claims=claims)
         return placed if placed.ok else None
+
+    if job.replica_count == 1:
+        plan = _on_one_node(state, job.replicas[0].resources, pool, candidates, claims, fits)
+        if plan is not None:
+            return plan
 
     removed: list[tuple[Holder, str]] = []
     placement: PlacementResult | None = None
@@ -124,12 +139,81 @@ def find_victims(
                 removed.remove(item)
                 placement = again
         final = fits()
-        if final is None:  # pragma: no cover - guarded by the loop above
-            return None
+        if final is None or not removed:
+            return None  # nothing to preempt: it is not short of what victims hold
         return VictimPlan(victims=removed, placement=final)
     finally:
         for holder, _ in removed:
             state.hold(holder)
+
+
+def _on_one_node(
+    state: CycleState,
+    request: Mapping[str, int],
+    pool: str,
+    candidates: list[tuple[Holder, str]],
+    claims: Claims | None,
+    fits: Callable[[], PlacementResult | None],
+) -> VictimPlan | None:
+    """For a one-replica job: the node whose cheapest victim set frees room for it
+    (lowest highest priority, then fewest victims), as Kubernetes' preemption does;
+    worked out on copies of each node, then the quota and placement are verified with
+    those victims gone. None if no node works."""
+    by_node: dict[str, list[tuple[Holder, str]]] = {}
+    for item in candidates:
+        for node in {p.node for p in item[0].placements}:
+            by_node.setdefault(node, []).append(item)
+    best: list[tuple[Holder, str]] | None = None
+    best_key: tuple[int, int] | None = None
+    for node, items in by_node.items():
+        target = state.placer.nodes.get(node)
+        if target is None:
+            continue
+        claim = claims.get(node) if claims else None
+        free = dict(target.free)
+        devices = list(target.device_free)
+        chosen: list[tuple[Holder, str]] = []
+        for item in items:
+            _give(free, devices, item[0], node, 1)
+            chosen.append(item)
+            if fits_in(free, devices, request, claim):
+                break
+        else:
+            continue
+        for item in sorted(chosen, key=lambda c: (-c[0].klass.value, c[0].start_time)):
+            _give(free, devices, item[0], node, -1)
+            if fits_in(free, devices, request, claim):
+                chosen.remove(item)
+            else:
+                _give(free, devices, item[0], node, 1)
+        if chosen:
+            cost = (max(h.klass.value for h, _ in chosen), len(chosen))
+            if best_key is None or cost < best_key:
+                best, best_key = chosen, cost
+    if best is None:
+        return None
+    for holder, _ in best:
+        state.unhold(holder)
+    try:
+        placed = fits()
+        return VictimPlan(victims=best, placement=placed) if placed is not None else None
+    finally:
+        for holder, _ in best:
+            state.hold(holder)
+
+
+def _give(free: dict[str, int], devices: list[int], holder: Holder, node: str, sign: int) -> None:
+    """Add (``sign`` 1) or take back (-1) what ``holder`` holds on ``node``."""
+    for placement in holder.placements:
+        if placement.node != node:
+            continue
+        for key, amount in placement.resources.items():
+            free[key] = free.get(key, 0) + sign * amount
+        gpu = placement.resources.get(GPU, 0)
+        per_device = MILLI if gpu >= MILLI else gpu
+        for index in placement.devices:
+            if index < len(devices):
+                devices[index] += sign * per_device
 
 
 def describe(

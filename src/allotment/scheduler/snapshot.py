@@ -37,6 +37,8 @@ class SchedulerPolicy:
     """How many blocked jobs get a backfill reservation per cycle."""
     backfill_depth: int = 64
     """How many jobs per queue are looked at past a blocked one in one cycle."""
+    preemption_searches: int = 32
+    """How many victim searches one cycle may run (the rest wait for the next cycle)."""
     oracle: bool = False
     """Replay only: the scheduler is shown true durations as expected runtimes."""
 

@@ -31,6 +31,8 @@ class Holder:
     placements: tuple[ReplicaPlacement, ...]
     total: dict[str, int]
     terminating: bool = False
+    fresh: bool = False
+    """Admitted in this cycle (never a victim in the same cycle)."""
 
 
 class CycleState:
@@ -108,4 +110,5 @@ class CycleState:
             end_bound=None if runtime is None else self.now + runtime,
             placements=placements,
             total=dict(total),
+            fresh=True,
         )
