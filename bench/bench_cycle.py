@@ -366,7 +366,7 @@ def phase_breakdown(snap: Snapshot) -> dict[str, float] | None:
         lines = c.lines()
         out["lines"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        c.nominated(lines)
+        c.nominated()
         out["nominated"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         c.run(lines)

@@ -50,6 +50,7 @@ class Line:
     queue: Queue
     jobs: list[PendingJob]
     values: list[int]
+    ids: list[str]
     index: int = 0
     past_block: int = 0
     blocker: PendingJob | None = None
@@ -70,6 +71,8 @@ class _Cycle:
     no_victims: set[tuple[object, ...]] = field(default_factory=set)
     searches: int = 0
     answered: set[str] = field(default_factory=set)
+    preemptors: list[PendingJob] = field(default_factory=list)
+    line_of: dict[str, Line] = field(default_factory=dict)
     """Jobs decided before phase 4 (nominated preemptors)."""
     examined: int = 0
 
@@ -77,12 +80,24 @@ class _Cycle:
 
     def lines(self) -> list[Line]:
         cluster = self.state.cluster
+        classes = {name: c.value for name, c in cluster.priority_classes.items()}
         now = self.state.now
+        waiting = self.decisions.waiting
+        positions = self.decisions.positions
         grouped: dict[str, list[PendingJob]] = {}
         for job in self.snapshot.pending:
-            grouped.setdefault(job.queue, []).append(job)
+            bucket = grouped.get(job.queue)
+            if bucket is None:
+                grouped[job.queue] = [job]
+            else:
+                bucket.append(job)
+            if job.preempting:
+                self.preemptors.append(job)
         lines = []
         for name, jobs in grouped.items():
+            values = ordering.sort_within_queue(jobs, classes)
+            ids = [j.id for j in jobs]
+            positions.update(zip(ids, range(1, len(ids) + 1), strict=True))
             queue = cluster.queues.get(name)
             if queue is None or not queue.is_leaf:
                 leaves = ", ".join(sorted(q.name for q in cluster.leaves))
@@ -92,18 +107,8 @@ class _Cycle:
                     f"queue {name} {what}; leaf queues: {leaves}",
                     {"queue": name},
                 )
-                for position, job in enumerate(jobs, 1):
-                    self.decisions.waiting[job.id] = reason
-                    self.decisions.positions[job.id] = position
+                waiting.update(dict.fromkeys(ids, reason))
                 continue
-            classes = cluster.priority_classes
-            values = {
-                j.id: classes[j.priority_class].value if j.priority_class in classes else -1_000_000
-                for j in jobs
-            }
-            jobs.sort(key=lambda j: ordering.within_queue_key(j, values[j.id]))
-            for position, job in enumerate(jobs, 1):
-                self.decisions.positions[job.id] = position
             if not window_open(queue.time_windows, now):
                 opens = next_window_open(queue.time_windows, now)
                 when = "never" if opens is None else f"in {format_duration(opens - now)}"
@@ -112,21 +117,22 @@ class _Cycle:
                     f"queue {name} admits nothing at this hour; it opens {when}",
                     {"queue": name, "opens_at": opens},
                 )
-                for job in jobs:
-                    self.decisions.waiting[job.id] = reason
+                waiting.update(dict.fromkeys(ids, reason))
                 continue
-            lines.append(Line(queue=queue, jobs=jobs, values=[values[j.id] for j in jobs]))
+            line = Line(queue=queue, jobs=jobs, values=values, ids=ids)
+            self.line_of[name] = line
+            lines.append(line)
         return lines
 
     # ------------------------------------------------------------ phase 3
 
-    def nominated(self, lines: list[Line]) -> None:
+    def nominated(self) -> None:
         """Preemptors whose victims are still terminating keep the capacity freed for
         them; those whose victims are gone are tried before anyone else."""
-        for line in lines:
-            for job in line.jobs:
-                if job.preempting:
-                    self._nominated_one(line, job)
+        for job in self.preemptors:
+            line = self.line_of.get(job.queue)
+            if line is not None and job.id not in self.decisions.waiting:
+                self._nominated_one(line, job)
 
     def _nominated_one(self, line: Line, job: PendingJob) -> None:
         still = [self.state.holders[v] for v in job.preempting if v in self.state.holders]
@@ -551,6 +557,8 @@ class _Cycle:
 
     def rest(self, lines: list[Line]) -> None:
         waiting = self.decisions.waiting
+        # Jobs past a line's index were not looked at, except nominated preemptors.
+        kept = {j: waiting[j] for j in self.answered if j in waiting}
         for line in lines:
             if line.index >= len(line.jobs):
                 continue
@@ -568,9 +576,8 @@ class _Cycle:
                     f"behind other jobs of queue {line.queue.name}",
                     {"queue": line.queue.name},
                 )
-            for job in line.jobs[line.index :]:
-                if job.id not in waiting:
-                    waiting[job.id] = reason
+            waiting.update(dict.fromkeys(line.ids[line.index :], reason))
+        waiting.update(kept)
 
 
 def _shape_of(resources: object) -> tuple[tuple[str, int], ...]:
@@ -593,7 +600,7 @@ def schedule_once(snapshot: Snapshot) -> Decisions:
     decisions = Decisions(now=snapshot.now)
     cycle = _Cycle(snapshot=snapshot, state=state, decisions=decisions)
     lines = cycle.lines()  # 2. lines
-    cycle.nominated(lines)  # 3. nominated
+    cycle.nominated()  # 3. nominated
     cycle.run(lines)  # 4. order → nominate → admit / preempt / wait
     cycle.rest(lines)  # 5. the rest
     decisions.stats = {

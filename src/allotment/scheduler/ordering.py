@@ -13,14 +13,26 @@ equal classes are served in submission order across queues.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from operator import attrgetter
+
 from allotment.scheduler.snapshot import PendingJob, SchedulerPolicy
 
 QueueKey = tuple[int, int, float, float, str]
+UNKNOWN_VALUE = -1_000_000
+_SUBMIT_ORDER = attrgetter("submit_time", "id")
 
 
-def within_queue_key(job: PendingJob, value: int) -> tuple[int, float, str]:
-    """Sort key of a job in its queue: class value (high first), submit time, id."""
-    return (-value, job.submit_time, job.id)
+def sort_within_queue(jobs: list[PendingJob], values: Mapping[str, int]) -> list[int]:
+    """Sort one queue's jobs in place: class value (high first), then submit time, then
+    id. Returns each job's class value, in the new order (unknown classes rank last)."""
+    jobs.sort(key=_SUBMIT_ORDER)
+    names = {j.priority_class for j in jobs}
+    value_of = {name: values.get(name, UNKNOWN_VALUE) for name in names}
+    if len(names) == 1:
+        return [value_of[next(iter(names))]] * len(jobs)
+    jobs.sort(key=lambda j: -value_of[j.priority_class])  # stable: FIFO within a class
+    return [value_of[j.priority_class] for j in jobs]
 
 
 def across_queues_key(

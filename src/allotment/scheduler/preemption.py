@@ -86,24 +86,29 @@ def find_victims(
     total = job.total()
     reclaim_ok = state.policy.reclaim and state.quota.within_nominal(leaf.name, pool, total)
     candidates: list[tuple[Holder, str]] = []
-    for holder in state.by_pool.get(pool, {}).values():
-        if holder.id in taken or holder.fresh:
+    held = state.by_pool.get(pool, {})
+    for holder in state.victim_order(pool):
+        if (
+            not reclaim_ok
+            and not holder.klass.borrow_only
+            and (holder.klass.value > job_class.value)
+        ):
+            break  # ordered by value: nothing further can be a victim
+        if holder.id in taken or holder.id not in held:
             continue
         cause = _cause(state, job_class, leaf, holder, reclaim_ok)
         if cause is not None:
             candidates.append((holder, cause))
+            if len(candidates) >= MAX_CANDIDATES:
+                break
     if not candidates:
         return None
     # Cheap bound first: even all candidates together plus the free capacity are short.
     gpu = total.get(GPU, 0)
-    if gpu:
-        free = sum(s.free.get(GPU, 0) for s in state.placer.by_pool.get(pool, ()))
-        if free + sum(h.total.get(GPU, 0) for h, _ in candidates) < gpu:
+    if gpu and gpu % MILLI == 0:
+        held_gpu = sum(h.total.get(GPU, 0) for h, _ in candidates)
+        if state.placer.free_gpus(pool) + held_gpu < gpu:
             return None
-    candidates.sort(
-        key=lambda c: (0 if c[0].klass.borrow_only else 1, c[0].klass.value, -c[0].start_time)
-    )
-    candidates = candidates[:MAX_CANDIDATES]
 
     def fits() -> PlacementResult | None:
         if not state.quota.check(leaf.name, pool, total).fits:
@@ -165,10 +170,19 @@ def _on_one_node(
             by_node.setdefault(node, []).append(item)
     best: list[tuple[Holder, str]] | None = None
     best_key: tuple[int, int] | None = None
+    floor = min((h.klass.value for h, _ in candidates), default=0)
+    need = request.get(GPU, 0)
     for node, items in by_node.items():
         target = state.placer.nodes.get(node)
         if target is None:
             continue
+        if (
+            need
+            and target.free.get(GPU, 0)
+            + sum(p.resources.get(GPU, 0) for h, _ in items for p in h.placements if p.node == node)
+            < need
+        ):
+            continue  # even every candidate here gone leaves too few GPUs
         claim = claims.get(node) if claims else None
         free = dict(target.free)
         devices = list(target.device_free)
@@ -190,6 +204,8 @@ def _on_one_node(
             cost = (max(h.klass.value for h, _ in chosen), len(chosen))
             if best_key is None or cost < best_key:
                 best, best_key = chosen, cost
+                if cost == (floor, 1):
+                    break  # nothing can be cheaper
     if best is None:
         return None
     for holder, _ in best:

@@ -48,8 +48,34 @@ class CycleState:
         self.quota = QuotaTree(self.cluster, capacity, borrowing=self.policy.borrowing)
         self.holders: dict[str, Holder] = {}
         self.by_pool: dict[str, dict[str, Holder]] = {p: {} for p in self.quota.pools}
+        self._victim_order: dict[str, list[Holder]] = {}
+        # Quota usage is added per queue, pool and kind at once: the tree walk is the
+        # costly part, and a queue has many jobs.
+        usage: dict[tuple[str, str, bool], dict[str, int]] = {}
         for job in snapshot.running:
-            self.hold(self._holder(job))
+            holder = self._holder(job)
+            self.holders[holder.id] = holder
+            self.by_pool.setdefault(holder.pool, {})[holder.id] = holder
+            self.placer.allocate(holder.placements)
+            key = (holder.queue, holder.pool, holder.klass.borrow_only)
+            bucket = usage.setdefault(key, {})
+            for resource, amount in holder.total.items():
+                bucket[resource] = bucket.get(resource, 0) + amount
+        for (queue, pool, borrow_only), total in usage.items():
+            if queue in self.cluster.queues and pool in self.by_pool:
+                self.quota.add(queue, pool, total, borrow_only=borrow_only)
+
+    def victim_order(self, pool: str) -> list[Holder]:
+        """The jobs running in ``pool`` at the start of the cycle in the order they are
+        given up: borrow-only first, then lowest priority, then most recently started."""
+        order = self._victim_order.get(pool)
+        if order is None:
+            order = sorted(
+                (h for h in self.by_pool.get(pool, {}).values() if not h.fresh),
+                key=lambda h: (0 if h.klass.borrow_only else 1, h.klass.value, -h.start_time),
+            )
+            self._victim_order[pool] = order
+        return order
 
     def klass(self, name: str) -> PriorityClass:
         return self.cluster.priority_classes.get(name, _LOWEST)
