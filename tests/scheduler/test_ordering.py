@@ -39,7 +39,9 @@ def test_fifo_within_a_queue() -> None:
         ],
     )
     assert admitted(decisions) == ["first"]
-    assert decisions.positions == {"first": 1, "second": 2}
+    assert decisions.queue_order == {"a": ["first", "second"]}
+    assert decisions.position("second", "a") == 2
+    assert decisions.position("nope", "a") is None
 
 
 def test_priority_before_fifo_within_a_queue() -> None:

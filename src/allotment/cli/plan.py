@@ -46,7 +46,7 @@ def plan(
         row: dict[str, Any] = {
             "job": job.id,
             "queue": job.queue,
-            "position": decisions.positions.get(job.id),
+            "position": decisions.position(job.id, job.queue),
         }
         admit = admits.get(job.id)
         if admit is not None:

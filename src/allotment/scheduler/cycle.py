@@ -83,7 +83,7 @@ class _Cycle:
         classes = {name: c.value for name, c in cluster.priority_classes.items()}
         now = self.state.now
         waiting = self.decisions.waiting
-        positions = self.decisions.positions
+        order = self.decisions.queue_order
         grouped: dict[str, list[PendingJob]] = {}
         for job in self.snapshot.pending:
             bucket = grouped.get(job.queue)
@@ -97,7 +97,7 @@ class _Cycle:
         for name, jobs in grouped.items():
             values = ordering.sort_within_queue(jobs, classes)
             ids = [j.id for j in jobs]
-            positions.update(zip(ids, range(1, len(ids) + 1), strict=True))
+            order[name] = ids
             queue = cluster.queues.get(name)
             if queue is None or not queue.is_leaf:
                 leaves = ", ".join(sorted(q.name for q in cluster.leaves))

@@ -61,12 +61,20 @@ class Decisions:
     preemptions: list[Preempt] = field(default_factory=list)
     waiting: dict[str, Reason] = field(default_factory=dict)
     reservations: dict[str, float] = field(default_factory=dict)
-    positions: dict[str, int] = field(default_factory=dict)
-    """Each pending job's 1-based place in its queue's order."""
+    queue_order: dict[str, list[str]] = field(default_factory=dict)
+    """Each queue's pending jobs (ids) in the order the cycle considers them."""
     stats: dict[str, Any] = field(default_factory=dict)
 
     def reason_for(self, job_id: str) -> Reason | None:
         return self.waiting.get(job_id)
+
+    def position(self, job_id: str, queue: str) -> int | None:
+        """The job's 1-based place in its queue's order (a linear search: for one job)."""
+        order = self.queue_order.get(queue, [])
+        try:
+            return order.index(job_id) + 1
+        except ValueError:
+            return None
 
     def admitted_ids(self) -> set[str]:
         return {a.job for a in self.admitted}
