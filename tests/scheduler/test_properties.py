@@ -14,7 +14,7 @@ invariants that must hold whatever the input:
 6. guaranteed (nominal) quota can be reclaimed within one cycle;
 7. the same snapshot gives the same decisions.
 
-The bugs these found are reproduced as plain tests at the end (``# BUG:``).
+The bugs these found are kept as plain regression tests at the end.
 """
 
 from __future__ import annotations
@@ -76,17 +76,8 @@ POLICIES = {
 
 MODES = ["never", "lower_priority", "any"]
 
-# Inputs that hit the known bugs reproduced at the end of this file (see "# BUG:").
-# While those bugs stand, the random worlds leave them out so that the properties keep
-# searching the rest of the scheduler; once a bug is fixed, flip its toggle.
-ZERO_OK = 1
-"""Lowest GPU amount drawn for a quota or borrowing limit (0 once zeros are kept)."""
-LENDING = False
-"""Whether leaves get lending limits."""
-SAME_CYCLE_VICTIMS = False
-"""Whether property 5 also fails on victims admitted earlier in the same cycle."""
-EMPTY_PREEMPTIONS = False
-"""Whether property 5 also fails on a preemption that names no victim."""
+ZERO_OK = 0
+"""Lowest GPU amount drawn for a quota or borrowing limit: an explicit zero counts."""
 
 
 # --------------------------------------------------------------------- strategies
@@ -163,7 +154,7 @@ def queue_trees(draw: st.DrawFn, gpus: Mapping[str, int]) -> list[dict[str, Any]
         if quota and draw(st.integers(0, 2)) == 0:
             pool = draw(st.sampled_from(sorted(quota)))
             spec["borrowing_limit"] = {pool: {"gpu": draw(st.integers(ZERO_OK, 8))}}
-        if LENDING and quota and draw(st.integers(0, 3)) == 0:
+        if quota and draw(st.integers(0, 3)) == 0:
             pool = draw(st.sampled_from(sorted(quota)))
             spec["lending_limit"] = {pool: {"gpu": draw(st.integers(0, quota[pool]["gpu"]))}}
         spec["preemption"] = {
@@ -565,12 +556,10 @@ def check_victims(world: World, decisions: Decisions) -> None:
     classes = world.cluster.priority_classes
     chosen: set[str] = set()
     for p in decisions.preemptions:
-        assert p.victims or not EMPTY_PREEMPTIONS, f"{p.job}: a preemption without victims"
+        assert p.victims, f"{p.job}: a preemption without victims"
         for v in p.victims:
             assert v.job not in chosen, f"{v.job} chosen twice"
             chosen.add(v.job)
-            if v.job in admitted_now and not SAME_CYCLE_VICTIMS:
-                continue  # the known bug, reproduced below
             assert v.job in running, (
                 f"{v.job} is not running (admitted now: {v.job in admitted_now})"
             )
@@ -770,10 +759,10 @@ def _two_leaves(**x_fields: Any) -> Cluster:
     )
 
 
-# BUG: an explicit zero in a quota is dropped when parsed (Resources keeps no zero
+# Regression: an explicit zero in a quota is dropped when parsed (Resources keeps no zero
 # amounts), and QuotaTree reads an empty per-pool limit as "no limit". A leaf with
 # `quota: {a: {gpu: 0}}` and borrowing off may take the whole pool (property 3).
-def test_bug_zero_quota_without_borrowing_admits_anything() -> None:
+def test_zero_quota_without_borrowing_admits_nothing() -> None:
     cluster = (
         ClusterBuilder()
         .pool("a", nodes=1)
@@ -782,37 +771,37 @@ def test_bug_zero_quota_without_borrowing_admits_anything() -> None:
         .build()
     )
     decisions = cycle(cluster, [job("j1", "x", gpu=8)], policy=POLICIES["no-borrowing"])
-    assert admitted(decisions) == []  # actual: ['j1'], 8 GPUs on a nominal of 0
+    assert admitted(decisions) == []
 
 
-# BUG: same cause: `borrowing_limit: {a: {gpu: 0}}` (borrow nothing) becomes no limit.
-def test_bug_zero_borrowing_limit_is_no_limit() -> None:
+# Regression: same cause: `borrowing_limit: {a: {gpu: 0}}` (borrow nothing) becomes no limit.
+def test_zero_borrowing_limit_borrows_nothing() -> None:
     decisions = cycle(_two_leaves(borrowing_limit={"a": {"gpu": 0}}), [job("j1", "x", gpu=8)])
-    assert admitted(decisions) == []  # actual: ['j1'] (with a limit of 1 it waits)
+    assert admitted(decisions) == []
 
 
-# BUG: same cause: `lending_limit: {a: {gpu: 0}}` (lend nothing) becomes lend everything.
+# Regression: same cause: `lending_limit: {a: {gpu: 0}}` (lend nothing) becomes lend everything.
 # (This one also needs the fix of the next bug: x's unlent quota is not counted at all.)
-def test_bug_zero_lending_limit_lends_everything() -> None:
+def test_zero_lending_limit_lends_nothing() -> None:
     decisions = cycle(_two_leaves(lending_limit={"a": {"gpu": 0}}), [job("j1", "y", gpu=7)])
-    assert admitted(decisions) == []  # actual: ['j1'] takes 3 GPUs x keeps back
+    assert admitted(decisions) == []
 
 
-# BUG: the part of an idle queue's nominal quota it does not lend is not counted in its
+# Regression: the part of an idle queue's nominal quota it does not lend is not counted in its
 # ancestors' demand: QuotaTree starts every demand at zero, and `_apply` then subtracts
 # the unlent part (`change = max(new, keep) - max(old, keep)`) once the queue gets busy.
 # x (nominal 4, lending_limit 1) keeps 3 back, so y may use 5 of the 8 GPUs, not 7.
-def test_bug_unlent_quota_of_an_idle_queue_is_lent() -> None:
+def test_unlent_quota_of_an_idle_queue_stays_reserved() -> None:
     decisions = cycle(_two_leaves(lending_limit={"a": {"gpu": 1}}), [job("j1", "y", gpu=7)])
-    assert admitted(decisions) == []  # actual: ['j1']
+    assert admitted(decisions) == []
 
 
-# BUG: a job admitted earlier in a cycle is a preemption candidate later in the same
+# Regression: a job admitted earlier in a cycle is a preemption candidate later in the same
 # cycle (`_admit` holds it in CycleState, and `find_victims` takes candidates from
 # `state.by_pool` without excluding this cycle's admissions). Here `early` (queue y, no
 # quota, first by age) borrows the node, then `late` (x, within nominal) reclaims it:
 # one cycle both starts and preempts `early`.
-def test_bug_job_admitted_and_preempted_in_the_same_cycle() -> None:
+def test_no_job_is_admitted_and_preempted_in_one_cycle() -> None:
     cluster = (
         ClusterBuilder()
         .pool("a", nodes=1)
@@ -826,15 +815,15 @@ def test_bug_job_admitted_and_preempted_in_the_same_cycle() -> None:
     ]
     decisions = cycle(cluster, pending)
     chosen = {v.job for p in decisions.preemptions for v in p.victims}
-    assert not decisions.admitted_ids() & chosen  # actual: {'early'}
+    assert not decisions.admitted_ids() & chosen
 
 
-# BUG: the victim search ignores capacity already held this cycle (backfill and
+# Regression: the victim search ignores capacity already held this cycle (backfill and
 # preemptor reservations): `find_victims` places with `placer.place(pool, replicas)`
 # without the cycle's claims, so a job held back only by a claim "needs no victim", the
 # give-back loop returns every candidate, and a Preempt with no victims is issued whose
 # reservation books the GPUs already held for the earlier preemptor `p1`.
-def test_bug_preemption_without_victims_books_reserved_capacity() -> None:
+def test_no_preemption_without_victims() -> None:
     cluster = ClusterBuilder().pool("a", nodes=2).leaf("x", quota={"a": {"gpu": 16}}).build()
     runs = [
         running("v", "x", "a-00", gpu=4, prio="experiment", start=NOW - 600),
@@ -846,4 +835,4 @@ def test_bug_preemption_without_victims_books_reserved_capacity() -> None:
     ]
     decisions = cycle(cluster, pending, runs)
     assert victims(decisions)["p1"] == ["v"]
-    assert all(p.victims for p in decisions.preemptions)  # actual: Preempt(j, victims=())
+    assert all(p.victims for p in decisions.preemptions)
