@@ -15,6 +15,7 @@ Pure: no clock (``now`` is in the snapshot), no I/O. The phases:
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
@@ -69,12 +70,15 @@ class _Cycle:
     taken: set[str] = field(default_factory=set)
     no_fit: dict[tuple[object, ...], Reason] = field(default_factory=dict)
     no_victims: set[tuple[object, ...]] = field(default_factory=set)
+    ever_fits: dict[tuple[object, ...], bool] = field(default_factory=dict)
     searches: int = 0
     answered: set[str] = field(default_factory=set)
+    """Jobs decided before phase 4 (nominated preemptors)."""
     preemptors: list[PendingJob] = field(default_factory=list)
     line_of: dict[str, Line] = field(default_factory=dict)
-    """Jobs decided before phase 4 (nominated preemptors)."""
     examined: int = 0
+    past_block: int = 0
+    """Jobs looked at, across all queues, that did not start."""
 
     # ------------------------------------------------------------ phase 2
 
@@ -220,7 +224,11 @@ class _Cycle:
                 if line.blocker is None:
                     line.blocker, line.blocker_reason = job, reason
                 line.past_block += 1
-                if line.past_block > self.state.policy.backfill_depth:
+                self.past_block += 1
+                if (
+                    line.past_block > self.state.policy.backfill_depth
+                    or self.past_block > self.state.policy.max_examined_past_block
+                ):
                     line.done = True
             if not line.done and line.index < len(line.jobs):
                 self._push(heap, i, line, shares)
@@ -256,18 +264,24 @@ class _Cycle:
         """Whether the job would need borrowed quota in every pool it may use."""
         if not self.state.policy.borrowing:
             return False
-        if line.pools is None:
-            line.pools = self.state.cluster.allowed_pools(line.queue)
         total = job.total()
         quota = self.state.quota
-        pools = job.pools or line.pools
+        pools = job.pools or self._open_pools(line)
         return not any(
             quota.within_nominal(line.queue.name, p, total) for p in pools if p in quota.pools
         )
 
+    def _open_pools(self, line: Line) -> list[str]:
+        if line.pools is None:
+            line.pools = self.state.cluster.allowed_pools(line.queue)
+        return line.pools
+
     def _gate(
-        self, job: PendingJob, queue: Queue
+        self, job: PendingJob, line: Line
     ) -> tuple[Reason | None, PriorityClass | None, list[str]]:
+        """Why the job cannot be tried at all (bad class, back-off, no open pool, too big
+        for the queue or for any node), else its class and the pools to try."""
+        queue = line.queue
         cluster = self.state.cluster
         klass = cluster.priority_classes.get(job.priority_class)
         if klass is None or (
@@ -309,7 +323,7 @@ class _Cycle:
                 klass,
                 [],
             )
-        open_pools = cluster.allowed_pools(queue)
+        open_pools = self._open_pools(line)
         pools = [p for p in job.pools if p in open_pools] if job.pools else open_pools
         if not pools:
             asked = ", ".join(job.pools) or "any"
@@ -357,15 +371,13 @@ class _Cycle:
             return ceiling, klass, []
         return None, klass, fitting
 
-    def _ever_fits(self, pool: str, request: object) -> bool:
-        key = ("ever", pool, _shape_of(request))
-        cached = self.no_fit.get(key)
-        if cached is not None:
-            return cached.code is not ReasonCode.NO_NODE_FITS
-        assert isinstance(request, dict) or hasattr(request, "items")
-        ok = self.state.placer.ever_fits(pool, request)  # type: ignore[arg-type]
-        self.no_fit[key] = Reason(ReasonCode.INVALID if ok else ReasonCode.NO_NODE_FITS, "")
-        return ok
+    def _ever_fits(self, pool: str, request: Mapping[str, int]) -> bool:
+        """Whether some node of ``pool`` could hold ``request`` when empty (cached)."""
+        key = (pool, _shape_of(request))
+        known = self.ever_fits.get(key)
+        if known is None:
+            known = self.ever_fits[key] = self.state.placer.ever_fits(pool, request)
+        return known
 
     def _quota_ceiling(
         self, queue: Queue, pools: list[str], total: dict[str, int]
@@ -407,7 +419,7 @@ class _Cycle:
 
     def _try(self, job: PendingJob, line: Line) -> tuple[Outcome, Reason | None]:
         queue = line.queue
-        gate, klass, pools = self._gate(job, queue)
+        gate, klass, pools = self._gate(job, line)
         if gate is not None or klass is None:
             return Outcome.GATED, gate
         state = self.state
@@ -418,13 +430,18 @@ class _Cycle:
         reasons: list[Reason] = []
         held_back: list[str] = []
         for pool in pools:
+            key = (pool, shape, claims is not None)
+            cached = self.no_fit.get(key)
+            if cached is not None and (claims is None or (pool, shape, False) in self.no_fit):
+                # Known not to fit on any node this cycle (the world only fills up), and
+                # a shortage of nodes outranks a shortage of quota: no need to ask quota.
+                reasons.append(cached)
+                continue
             check = state.quota.check(queue.name, pool, total)
             if not check.fits and check.blocking_queue != ROOT:
                 # Out of the queue's own quota or of what it may borrow.
                 reasons.append(_quota_reason(check, pool, queue.name))
                 continue
-            key = (pool, shape, claims is not None)
-            cached = self.no_fit.get(key)
             if cached is not None:
                 placed = PlacementResult(reason=cached)
             else:
@@ -480,7 +497,10 @@ class _Cycle:
         reason = most_relevant(reasons)
         if reason.code is ReasonCode.QUOTA_EXHAUSTED:
             return Outcome.QUOTA, reason
-        if state.policy.backfill and len(self.reservations.items) < state.policy.max_reservations:
+        if (
+            state.policy.backfill
+            and len(self.decisions.reservations) < state.policy.max_reservations
+        ):
             for pool in pools:
                 if not state.quota.check(queue.name, pool, total).fits:
                     continue
@@ -580,9 +600,8 @@ class _Cycle:
         waiting.update(kept)
 
 
-def _shape_of(resources: object) -> tuple[tuple[str, int], ...]:
-    items = resources.items() if hasattr(resources, "items") else ()
-    return tuple(sorted(items))
+def _shape_of(resources: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted(resources.items()))
 
 
 def _job_shape(job: PendingJob) -> tuple[object, ...]:

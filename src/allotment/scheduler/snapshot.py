@@ -35,8 +35,11 @@ class SchedulerPolicy:
     """Seconds of waiting worth one whole unit of fair share (no starvation); 0 = off."""
     max_reservations: int = 8
     """How many blocked jobs get a backfill reservation per cycle."""
-    backfill_depth: int = 64
+    backfill_depth: int = 16
     """How many jobs per queue are looked at past a blocked one in one cycle."""
+    max_examined_past_block: int = 2000
+    """How many jobs that do not start one cycle looks at, across all queues; the rest
+    keep waiting behind them until the next cycle (bounds a cycle on a full fleet)."""
     preemption_searches: int = 32
     """How many victim searches one cycle may run (the rest wait for the next cycle)."""
     oracle: bool = False
