@@ -167,3 +167,17 @@ def test_victims_not_used_by_later_jobs_in_the_same_cycle() -> None:
     )
     assert victims(decisions) == {"hi": ["low"]}
     assert admitted(decisions) == []
+
+
+def test_preemptor_whose_victims_are_gone_goes_first_and_only_once() -> None:
+    cluster = shared().build()
+    runs = [running("a-run", "a", "a100-00", gpu=6), running("b-run", "b", "a100-01", gpu=8)]
+    pending = [
+        job("blocker", "a", gpu=4, submit=NOW - 900),  # 6 + 4 > 8: out of quota
+        job("hi", "a", gpu=2, submit=NOW - 60, preempting=["gone"]),  # behind it in line
+    ]
+    decisions = cycle(cluster, pending, runs)
+    assert admitted(decisions) == ["hi"]
+    assert "hi" not in decisions.waiting
+    assert codes(decisions) == {"blocker": "quota_exhausted"}
+    assert len(decisions.waiting) == 1

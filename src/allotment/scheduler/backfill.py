@@ -12,10 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from allotment.domain.resources import GPU, MILLI
-from allotment.scheduler.placement import Placer
+from allotment.scheduler.placement import NodeState
 from allotment.scheduler.snapshot import PendingJob
-from allotment.scheduler.state import CycleState
+from allotment.scheduler.state import CycleState, Holder
 
 MAX_PLACEMENT_TRIES = 64
 
@@ -64,42 +63,60 @@ class Reservations:
 
 
 def plan_reservation(state: CycleState, job: PendingJob, pool: str) -> Reservation | None:
-    """When and where ``job`` could start in ``pool`` as running jobs end; None if it
-    cannot be found within the look-ahead bounds."""
+    """When and where ``job`` could start in ``pool`` as running jobs end (expected,
+    else maximum, end first); None if it cannot be found within the look-ahead bounds."""
     holders = sorted(
         state.by_pool.get(pool, {}).values(),
         key=lambda h: (math.inf if h.end_bound is None else h.end_bound, -h.start_time),
     )
-    if not holders:
-        return None
-    scratch: Placer = state.placer.scratch(pool)
-    need_gpu = job.gpus
-    single = job.replica_count == 1
-    request = job.replicas[0].resources if single else {}
-    free_whole = sum(s.whole_free for s in scratch.by_pool.get(pool, ()))
+    if job.replica_count == 1:
+        return _one_replica(state, job, pool, holders)
+    scratch = state.placer.scratch(pool)
     tries = 0
     for holder in holders:
         scratch.release(holder.placements)
-        if single:
-            touched = {p.node for p in holder.placements}
-            if not any(scratch.nodes[n].fits(request) for n in touched if n in scratch.nodes):
-                continue
-        else:
-            free_whole = sum(s.whole_free for s in scratch.by_pool.get(pool, ()))
-            if free_whole * MILLI < need_gpu:
-                continue
+        if scratch.free_gpus(pool) < job.gpus:
+            continue
         tries += 1
         if tries > MAX_PLACEMENT_TRIES:
             return None
         placed = scratch.place(pool, job.replicas)
         if placed.ok:
-            start = math.inf if holder.end_bound is None else max(state.now, holder.end_bound)
             claims: dict[str, dict[str, int]] = {}
             for placement in placed.placements:
                 bucket = claims.setdefault(placement.node, {})
                 for key, amount in placement.resources.items():
                     bucket[key] = bucket.get(key, 0) + amount
-                if placement.resources.get(GPU, 0) and GPU not in bucket:
-                    bucket[GPU] = 0
-            return Reservation(job=job.id, pool=pool, start=start, claims=claims)
+            return Reservation(job=job.id, pool=pool, start=_start(state, holder), claims=claims)
     return None
+
+
+def _one_replica(
+    state: CycleState, job: PendingJob, pool: str, holders: list[Holder]
+) -> Reservation | None:
+    """One replica needs one node: watch only the nodes that ending jobs free."""
+    request = job.replicas[0].resources
+    copies: dict[str, NodeState] = {}
+    for holder in holders:
+        for placement in holder.placements:
+            node = copies.get(placement.node)
+            if node is None:
+                base = state.placer.nodes.get(placement.node)
+                if base is None:
+                    continue
+                node = copies[placement.node] = base.twin()
+            node.apply(placement, 1)
+        for placement in holder.placements:
+            node = copies.get(placement.node)
+            if node is not None and node.fits(request):
+                return Reservation(
+                    job=job.id,
+                    pool=pool,
+                    start=_start(state, holder),
+                    claims={node.name: dict(request)},
+                )
+    return None
+
+
+def _start(state: CycleState, holder: Holder) -> float:
+    return math.inf if holder.end_bound is None else max(state.now, holder.end_bound)

@@ -111,7 +111,7 @@ class _Cycle:
                     f"queue {name} {what}; leaf queues: {leaves}",
                     {"queue": name},
                 )
-                waiting.update(dict.fromkeys(ids, reason))
+                waiting.add_run(ids, reason)
                 continue
             if not window_open(queue.time_windows, now):
                 opens = next_window_open(queue.time_windows, now)
@@ -121,7 +121,7 @@ class _Cycle:
                     f"queue {name} admits nothing at this hour; it opens {when}",
                     {"queue": name, "opens_at": opens},
                 )
-                waiting.update(dict.fromkeys(ids, reason))
+                waiting.add_run(ids, reason)
                 continue
             line = Line(queue=queue, jobs=jobs, values=values, ids=ids)
             self.line_of[name] = line
@@ -135,7 +135,7 @@ class _Cycle:
         them; those whose victims are gone are tried before anyone else."""
         for job in self.preemptors:
             line = self.line_of.get(job.queue)
-            if line is not None and job.id not in self.decisions.waiting:
+            if line is not None:
                 self._nominated_one(line, job)
 
     def _nominated_one(self, line: Line, job: PendingJob) -> None:
@@ -577,8 +577,6 @@ class _Cycle:
 
     def rest(self, lines: list[Line]) -> None:
         waiting = self.decisions.waiting
-        # Jobs past a line's index were not looked at, except nominated preemptors.
-        kept = {j: waiting[j] for j in self.answered if j in waiting}
         for line in lines:
             if line.index >= len(line.jobs):
                 continue
@@ -596,8 +594,10 @@ class _Cycle:
                     f"behind other jobs of queue {line.queue.name}",
                     {"queue": line.queue.name},
                 )
-            waiting.update(dict.fromkeys(line.ids[line.index :], reason))
-        waiting.update(kept)
+            tail = line.ids[line.index :]
+            if self.answered:  # nominated preemptors past the index keep their outcome
+                tail = [job for job in tail if job not in self.answered]
+            waiting.add_run(tail, reason)
 
 
 def _shape_of(resources: Mapping[str, int]) -> tuple[tuple[str, int], ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,58 @@ class Preempt:
     reason: Reason
 
 
+class WaitingReasons(Mapping[str, Reason]):
+    """The reason of every waiting job: reasons set one by one, plus whole runs of jobs
+    that share one (a queue's tail behind a blocked job), expanded only when read.
+
+    A cycle on a large backlog leaves most jobs where they were; writing each of them a
+    reason would cost more than the decisions that matter.
+    """
+
+    __slots__ = ("_expanded", "_explicit", "_runs")
+
+    def __init__(self) -> None:
+        self._explicit: dict[str, Reason] = {}
+        self._runs: list[tuple[Sequence[str], Reason]] = []
+        self._expanded: dict[str, Reason] | None = None
+
+    def __setitem__(self, job: str, reason: Reason) -> None:
+        self._explicit[job] = reason
+        if self._expanded is not None:
+            self._expanded[job] = reason
+
+    def add_run(self, jobs: Sequence[str], reason: Reason) -> None:
+        """Give every job in ``jobs`` the same reason, unless one is set for it."""
+        if jobs:
+            self._runs.append((jobs, reason))
+            self._expanded = None
+
+    def _all(self) -> dict[str, Reason]:
+        if self._expanded is None:
+            merged: dict[str, Reason] = {}
+            for jobs, reason in self._runs:
+                merged.update(dict.fromkeys(jobs, reason))
+            merged.update(self._explicit)
+            self._expanded = merged
+        return self._expanded
+
+    def __getitem__(self, job: str) -> Reason:
+        found = self._explicit.get(job)
+        return found if found is not None else self._all()[job]
+
+    def __contains__(self, job: object) -> bool:
+        return job in self._explicit or job in self._all()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __repr__(self) -> str:
+        return f"WaitingReasons({self._all()!r})"
+
+
 @dataclass(slots=True, kw_only=True)
 class Decisions:
     """The result of one cycle.
@@ -59,7 +112,7 @@ class Decisions:
     now: float
     admitted: list[Admit] = field(default_factory=list)
     preemptions: list[Preempt] = field(default_factory=list)
-    waiting: dict[str, Reason] = field(default_factory=dict)
+    waiting: WaitingReasons = field(default_factory=WaitingReasons)
     reservations: dict[str, float] = field(default_factory=dict)
     queue_order: dict[str, list[str]] = field(default_factory=dict)
     """Each queue's pending jobs (ids) in the order the cycle considers them."""

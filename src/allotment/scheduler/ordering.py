@@ -14,19 +14,22 @@ equal classes are served in submission order across queues.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from operator import attrgetter
+from operator import attrgetter, le
 
 from allotment.scheduler.snapshot import PendingJob, SchedulerPolicy
 
 QueueKey = tuple[int, int, float, float, str]
 UNKNOWN_VALUE = -1_000_000
 _SUBMIT_ORDER = attrgetter("submit_time", "id")
+_SUBMIT_TIME = attrgetter("submit_time")
 
 
 def sort_within_queue(jobs: list[PendingJob], values: Mapping[str, int]) -> list[int]:
     """Sort one queue's jobs in place: class value (high first), then submit time, then
     id. Returns each job's class value, in the new order (unknown classes rank last)."""
-    jobs.sort(key=_SUBMIT_ORDER)
+    times = list(map(_SUBMIT_TIME, jobs))
+    if not all(map(le, times, times[1:])) or len(set(times)) != len(times):
+        jobs.sort(key=_SUBMIT_ORDER)  # skipped when already in order (the usual case)
     names = {j.priority_class for j in jobs}
     value_of = {name: values.get(name, UNKNOWN_VALUE) for name in names}
     if len(names) == 1:

@@ -59,6 +59,20 @@ class NodeState:
     def fits(self, request: Mapping[str, int], claim: Mapping[str, int] | None = None) -> bool:
         return fits_in(self.free, self.device_free, request, claim, self.whole_free)
 
+    def apply(self, placement: ReplicaPlacement, sign: int) -> None:
+        """Take (``sign`` -1) or give back (+1) what one replica holds here."""
+        free = self.free
+        for key, amount in placement.resources.items():
+            free[key] = free.get(key, 0) + sign * amount
+        gpu = placement.resources.get(GPU, 0)
+        if gpu and placement.devices:
+            per_device = MILLI if gpu >= MILLI else gpu
+            devices = self.device_free
+            for index in placement.devices:
+                if index < len(devices):
+                    devices[index] += sign * per_device
+            self.whole_free = sum(1 for f in devices if f == MILLI)
+
 
 @dataclass(slots=True)
 class PlacementResult:
@@ -162,21 +176,11 @@ class Placer:
             if state is None:
                 continue  # node gone or unhealthy: nothing to account
             before = state.whole_free
-            free = state.free
-            for key, amount in placement.resources.items():
-                free[key] = free.get(key, 0) + sign * amount
-            gpu = placement.resources.get(GPU, 0)
-            if gpu and placement.devices:
-                per_device = MILLI if gpu >= MILLI else gpu
-                devices = state.device_free
-                for index in placement.devices:
-                    if index < len(devices):
-                        devices[index] += sign * per_device
-                state.whole_free = sum(1 for f in devices if f == MILLI)
-                if state.whole_free != before:
-                    buckets = self._buckets[state.pool]
-                    del buckets[before][state.name]
-                    buckets[state.whole_free][state.name] = state
+            state.apply(placement, sign)
+            if state.whole_free != before:
+                buckets = self._buckets[state.pool]
+                del buckets[before][state.name]
+                buckets[state.whole_free][state.name] = state
 
     # ---------------------------------------------------------------- placing
 

@@ -23,12 +23,14 @@ from dataclasses import dataclass
 from allotment.domain.cluster import PriorityClass, Queue
 from allotment.domain.resources import GPU, MILLI
 from allotment.scheduler.decisions import Victim
-from allotment.scheduler.placement import Claims, PlacementResult, fits_in
+from allotment.scheduler.placement import Claims, NodeState, PlacementResult
 from allotment.scheduler.snapshot import PendingJob
 from allotment.scheduler.state import CycleState, Holder
 
 MAX_CANDIDATES = 512
 """Bound on the candidates examined for one preemptor (keeps a cycle fast)."""
+NODES_AFTER_FIRST_FIT = 32
+"""Once some node can be freed for a one-replica job, how many more are compared."""
 
 
 @dataclass(slots=True)
@@ -117,9 +119,11 @@ def find_victims(
         return placed if placed.ok else None
 
     if job.replica_count == 1:
-        plan = _on_one_node(state, job.replicas[0].resources, pool, candidates, claims, fits)
-        if plan is not None:
-            return plan
+        plan, some_node = _on_one_node(
+            state, job.replicas[0].resources, pool, candidates, claims, fits
+        )
+        if plan is not None or not some_node:
+            return plan  # a single replica needs one node: no node, no plan
 
     removed: list[tuple[Holder, str]] = []
     placement: PlacementResult | None = None
@@ -159,11 +163,12 @@ def _on_one_node(
     candidates: list[tuple[Holder, str]],
     claims: Claims | None,
     fits: Callable[[], PlacementResult | None],
-) -> VictimPlan | None:
+) -> tuple[VictimPlan | None, bool]:
     """For a one-replica job: the node whose cheapest victim set frees room for it
     (lowest highest priority, then fewest victims), as Kubernetes' preemption does;
     worked out on copies of each node, then the quota and placement are verified with
-    those victims gone. None if no node works."""
+    those victims gone. Also says whether any node could be freed at all (when one could
+    but the quota still says no, victims elsewhere may be needed)."""
     by_node: dict[str, list[tuple[Holder, str]]] = {}
     for item in candidates:
         for node in {p.node for p in item[0].placements}:
@@ -171,6 +176,7 @@ def _on_one_node(
     best: list[tuple[Holder, str]] | None = None
     best_key: tuple[int, int] | None = None
     floor = min((h.klass.value for h, _ in candidates), default=0)
+    looked_after = 0
     need = request.get(GPU, 0)
     for node, items in by_node.items():
         target = state.placer.nodes.get(node)
@@ -184,52 +190,48 @@ def _on_one_node(
         ):
             continue  # even every candidate here gone leaves too few GPUs
         claim = claims.get(node) if claims else None
-        free = dict(target.free)
-        devices = list(target.device_free)
+        room = target.twin()
         chosen: list[tuple[Holder, str]] = []
         for item in items:
-            _give(free, devices, item[0], node, 1)
+            _give(room, item[0], 1)
             chosen.append(item)
-            if fits_in(free, devices, request, claim):
+            if room.fits(request, claim):
                 break
         else:
             continue
         for item in sorted(chosen, key=lambda c: (-c[0].klass.value, c[0].start_time)):
-            _give(free, devices, item[0], node, -1)
-            if fits_in(free, devices, request, claim):
+            _give(room, item[0], -1)
+            if room.fits(request, claim):
                 chosen.remove(item)
             else:
-                _give(free, devices, item[0], node, 1)
+                _give(room, item[0], 1)
         if chosen:
             cost = (max(h.klass.value for h, _ in chosen), len(chosen))
             if best_key is None or cost < best_key:
                 best, best_key = chosen, cost
                 if cost == (floor, 1):
                     break  # nothing can be cheaper
+        if best is not None:
+            looked_after += 1
+            if looked_after > NODES_AFTER_FIRST_FIT:
+                break  # a good set found; the fleet need not be combed for the best
     if best is None:
-        return None
+        return None, False
     for holder, _ in best:
         state.unhold(holder)
     try:
         placed = fits()
-        return VictimPlan(victims=best, placement=placed) if placed is not None else None
+        return (VictimPlan(victims=best, placement=placed) if placed is not None else None), True
     finally:
         for holder, _ in best:
             state.hold(holder)
 
 
-def _give(free: dict[str, int], devices: list[int], holder: Holder, node: str, sign: int) -> None:
-    """Add (``sign`` 1) or take back (-1) what ``holder`` holds on ``node``."""
+def _give(room: NodeState, holder: Holder, sign: int) -> None:
+    """Give back (``sign`` 1) or take again (-1) what ``holder`` holds on ``room``'s node."""
     for placement in holder.placements:
-        if placement.node != node:
-            continue
-        for key, amount in placement.resources.items():
-            free[key] = free.get(key, 0) + sign * amount
-        gpu = placement.resources.get(GPU, 0)
-        per_device = MILLI if gpu >= MILLI else gpu
-        for index in placement.devices:
-            if index < len(devices):
-                devices[index] += sign * per_device
+        if placement.node == room.name:
+            room.apply(placement, sign)
 
 
 def describe(
