@@ -667,3 +667,15 @@ def test_job_shape_rules(fields: dict[str, object], words: str) -> None:
     )
     issues = problems(text, job=True)
     assert any(words in i.message for i in issues), issues
+
+
+def test_check_job_refuses_a_job_over_the_queue_max_job() -> None:
+    cluster = load_cluster_text(
+        "pools: [{name: a}]\nqueues: [{name: q, quota: {a: {gpu: 8}}, max_job: {gpu: 4}}]\n"
+    )
+    job = load_job_text("name: big\nqueue: q\nreplicas: [{count: 3, resources: {gpu: 2}}]\n")
+    (issue,) = check_job(job, cluster)
+    assert issue.path == "replicas"
+    assert issue.message == "queue q accepts jobs up to 4 gpu; this job asks for 6 gpu in all"
+    small = load_job_text("name: ok\nqueue: q\nreplicas: [{count: 2, resources: {gpu: 2}}]\n")
+    assert check_job(small, cluster) == []

@@ -14,7 +14,7 @@ DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 
 def parse_duration(value: object, *, name: str | None = None) -> float:
-    """Parse ``90`` (seconds), ``30s``, ``15m``, ``2h``, ``1d12h`` into seconds (> 0)."""
+    """Parse ``90`` (seconds), ``30s``, ``15m``, ``2h``, ``1d12h`` into seconds (>= 0)."""
     if isinstance(value, bool):
         raise InvalidQuantity(value, "expected a duration like 30s, 15m, 2h, 1d", name=name)
     if isinstance(value, int | float):

@@ -256,4 +256,22 @@ def check_job(job: JobSpec, cluster: Cluster) -> list[Issue]:
                     ),
                 )
             )
+    limit = queue.spec.max_job
+    if limit is not None:
+        total = job.total_resources()
+        over = [k for k in limit if total[k] > limit[k]]
+        if over:
+            shown = limit.display()
+            issues.append(
+                Issue(
+                    path="replicas",
+                    message=(
+                        f"queue {queue.name} accepts jobs up to "
+                        + ", ".join(f"{shown[k]} {k}" for k in over)
+                        + "; this job asks for "
+                        + ", ".join(f"{total.display()[k]} {k}" for k in over)
+                        + " in all"
+                    ),
+                )
+            )
     return issues

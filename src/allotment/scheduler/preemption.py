@@ -112,7 +112,11 @@ def find_victims(
         if state.placer.free_gpus(pool) + held_gpu < gpu:
             return None
 
+    whole_gpus = gpu if gpu % MILLI == 0 else 0
+
     def fits() -> PlacementResult | None:
+        if whole_gpus and state.placer.free_gpus(pool) < whole_gpus:
+            return None  # not enough free GPUs yet, wherever they are
         if not state.quota.check(leaf.name, pool, total).fits:
             return None
         placed = state.placer.place(pool, job.replicas, claims=claims)
