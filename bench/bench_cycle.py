@@ -279,16 +279,8 @@ def make_job(world: World, now: float, *, prefix: str = "j") -> PendingJob:
 
 
 def to_running(job: PendingJob, admit: Any, start: float) -> RunningJob:
-    return RunningJob(
-        id=job.id,
-        queue=job.queue,
-        priority_class=job.priority_class,
-        pool=admit.pool,
-        start_time=start,
-        placements=admit.placements,
-        expected_end=None if job.expected_runtime is None else start + job.expected_runtime,
-        max_end=None if job.max_runtime is None else start + job.max_runtime,
-    )
+    running: RunningJob = admit.running(job, at=start)
+    return running
 
 
 def seed_running(world: World, target: float = 0.5) -> tuple[list[RunningJob], dict[str, Any]]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from allotment.domain.reasons import Reason
-from allotment.scheduler.snapshot import ReplicaPlacement
+from allotment.scheduler.snapshot import PendingJob, ReplicaPlacement, RunningJob
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -23,6 +23,20 @@ class Admit:
     borrowed: dict[str, int] = field(default_factory=dict)
     lenders: tuple[str, ...] = ()
     backfilled: bool = False
+
+    def running(self, job: PendingJob, *, at: float) -> RunningJob:
+        """The running job this admission of ``job`` becomes when it starts at ``at``:
+        expected end from its expected runtime, maximum end from its max_runtime."""
+        return RunningJob(
+            id=job.id,
+            queue=job.queue,
+            priority_class=job.priority_class,
+            pool=self.pool,
+            start_time=at,
+            placements=self.placements,
+            expected_end=None if job.expected_runtime is None else at + job.expected_runtime,
+            max_end=None if job.max_runtime is None else at + job.max_runtime,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

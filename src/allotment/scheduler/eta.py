@@ -46,16 +46,7 @@ def estimate_starts(
         for admit in decisions.admitted:
             job = pending.pop(admit.job)
             estimates[job.id] = now
-            runtime = job.expected_runtime if job.expected_runtime is not None else job.max_runtime
-            running[job.id] = RunningJob(
-                id=job.id,
-                queue=job.queue,
-                priority_class=job.priority_class,
-                pool=admit.pool,
-                start_time=now,
-                placements=admit.placements,
-                expected_end=None if runtime is None else now + runtime,
-            )
+            running[job.id] = admit.running(job, at=now)
         for preempt in decisions.preemptions:
             for victim in preempt.victims:
                 running.pop(victim.job, None)  # gone at once in the estimate

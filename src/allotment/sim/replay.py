@@ -355,17 +355,8 @@ class Replay:
         runtime, outcome = trace.duration, SUCCEEDED
         if trace.max_runtime is not None and trace.duration > trace.max_runtime:
             runtime, outcome = trace.max_runtime, FAILED
-        oracle_end = now + job.expected_runtime if job.expected_runtime is not None else None
-        running = RunningJob(
-            id=job.id,
-            queue=job.queue,
-            priority_class=job.priority_class,
-            pool=admit.pool,
-            start_time=now,
-            placements=admit.placements,
-            expected_end=oracle_end if self.policy.oracle else None,
-            max_end=now + job.max_runtime if job.max_runtime is not None else None,
-        )
+        # The scheduler saw an expected runtime only under an oracle policy.
+        running = admit.running(job, at=now)
         self.running[job.id] = _Run(
             running=running,
             attempt=result.attempts,
