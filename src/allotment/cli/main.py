@@ -164,13 +164,9 @@ def sim(
         raise InvalidInput("the same policy is given twice")
     if not (time_scale >= 0 and time_scale != float("inf")):
         raise InvalidInput(f"--time-scale must be a finite number >= 0, got {time_scale}")
-    if cluster_file is None:
-        if not Path("cluster.yaml").is_file():
-            raise InvalidInput("no cluster file: give -f cluster.yaml")
-        cluster_file = "cluster.yaml"
-    for path, what in ((cluster_file, "cluster file"), (trace, "trace")):
-        if not Path(path).is_file():
-            raise InvalidInput(f"{what} {path}: no such file", fields={"path": path})
+    cluster_file = _cluster_path(cluster_file)
+    if not Path(trace).is_file():
+        raise InvalidInput(f"trace {trace}: no such file", fields={"path": trace})
     cluster = load_cluster(cluster_file)
     jobs = read_trace(trace)
     check_trace(jobs, cluster, source=trace)
