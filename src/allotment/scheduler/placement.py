@@ -209,7 +209,20 @@ class Placer:
         ordered = sorted(flat, key=lambda r: (-r[2].get(GPU, 0), -r[2].get(CPU, 0)))
         total_gpu = sum(r[2].get(GPU, 0) for r in flat)
         all_whole = all(r[2].get(GPU, 0) % MILLI == 0 for r in flat)
-        if all_whole and total_gpu > self.free_gpus(pool):
+        # Cheap bound: with every replica asking at least `least` whole GPUs, a node with
+        # f free GPUs holds at most f // least of them.
+        least = min(r[2].get(GPU, 0) for r in flat) // MILLI if all_whole else 0
+        if all_whole and (
+            total_gpu > self.free_gpus(pool)
+            or (
+                least
+                and sum(
+                    (count // least) * len(bucket)
+                    for count, bucket in enumerate(self._buckets[pool])
+                )
+                < len(flat)
+            )
+        ):
             return PlacementResult(reason=self._gang_reason(pool, ordered, claims))
         # 1. one node
         if all_whole:
@@ -225,7 +238,10 @@ class Placer:
             candidates = []
             for label, members in groups.items():
                 room = sum(s.whole_free for s in members) * MILLI
-                if room >= total_gpu or not all_whole:
+                if not all_whole or (
+                    room >= total_gpu
+                    and (not least or sum(s.whole_free // least for s in members) >= len(flat))
+                ):
                     candidates.append((room, label, members))
             candidates.sort(key=lambda c: (c[0], c[1]))
             for _, _, members in candidates:
@@ -302,14 +318,21 @@ class Placer:
                 else (pool_states if part and not whole else [self.nodes[n] for n in scratch])
             )
             for state in looked:
-                free, devices = scratch.get(state.name) or (state.free, state.device_free)
+                changed = scratch.get(state.name)
+                if changed is None:
+                    free, devices, full = state.free, state.device_free, state.whole_free
+                else:
+                    free, devices = changed
+                    full = sum(1 for f in devices if f == MILLI)
+                if whole > full:
+                    continue
                 claim = claims.get(state.name) if claims else None
-                if fits_in(free, devices, request, claim):
+                if fits_in(free, devices, request, claim, full):
                     if part and not whole:
                         tight = min(f for f in devices if f >= part)
-                        key = (tight, sum(1 for f in devices if f == MILLI))
+                        key = (tight, full)
                     else:
-                        key = (sum(1 for f in devices if f == MILLI), free.get(CPU, 0))
+                        key = (full, free.get(CPU, 0))
                     if best_key is None or key < best_key:
                         best, best_key = state, key
             if members is not None or (part and not whole):
