@@ -4,32 +4,32 @@ Within a queue: higher priority class first, then first come, first served. Acro
 queues: a head that fits in its queue's unused nominal quota goes before one that would
 borrow (as in Kueue: otherwise a borrower admitted first is reclaimed at once by the
 guaranteed job behind it, a preemption for nothing); then the higher priority class;
-among equal classes, the queue with the lower
-weighted dominant-resource share (usage / nominal quota, the largest over pools and
-resources) goes first, so a queue below its guarantee goes before one above it; waiting
-lowers the key by ``wait / aging_horizon`` so that no job starves. Without fair share,
-equal classes are served in submission order across queues.
+among equal classes, the queue with the lower weighted dominant-resource share (usage /
+nominal quota, the largest over pools and resources) goes first, so a queue below its
+guarantee goes before one above it; waiting lowers the key by ``wait / aging_horizon``
+so that no job starves. Without fair share, equal classes are served in submission
+order across queues.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from operator import attrgetter, le
+from operator import attrgetter
 
 from allotment.scheduler.snapshot import PendingJob, SchedulerPolicy
 
 QueueKey = tuple[int, int, float, float, str]
 UNKNOWN_VALUE = -1_000_000
-_SUBMIT_ORDER = attrgetter("submit_time", "id")
 _SUBMIT_TIME = attrgetter("submit_time")
 
 
 def sort_within_queue(jobs: list[PendingJob], values: Mapping[str, int]) -> list[int]:
     """Sort one queue's jobs in place: class value (high first), then submit time, then
-    id. Returns each job's class value, in the new order (unknown classes rank last)."""
-    times = list(map(_SUBMIT_TIME, jobs))
-    if not all(map(le, times, times[1:])) or len(set(times)) != len(times):
-        jobs.sort(key=_SUBMIT_ORDER)  # skipped when already in order (the usual case)
+    the snapshot's own order. Returns each job's class value, in the new order (unknown
+    classes rank last)."""
+    # Linear when already in order (the usual case); the sort is stable, so jobs
+    # submitted at the same instant keep the order the snapshot lists them in.
+    jobs.sort(key=_SUBMIT_TIME)
     names = {j.priority_class for j in jobs}
     value_of = {name: values.get(name, UNKNOWN_VALUE) for name in names}
     if len(names) == 1:

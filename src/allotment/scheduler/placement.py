@@ -66,12 +66,13 @@ class NodeState:
             free[key] = free.get(key, 0) + sign * amount
         gpu = placement.resources.get(GPU, 0)
         if gpu and placement.devices:
-            per_device = MILLI if gpu >= MILLI else gpu
+            change = sign * (MILLI if gpu >= MILLI else gpu)
             devices = self.device_free
             for index in placement.devices:
                 if index < len(devices):
-                    devices[index] += sign * per_device
-            self.whole_free = sum(1 for f in devices if f == MILLI)
+                    before = devices[index]
+                    after = devices[index] = before + change
+                    self.whole_free += (after == MILLI) - (before == MILLI)
 
 
 @dataclass(slots=True)
