@@ -132,9 +132,6 @@ class Decisions:
     """Each queue's pending jobs (ids) in the order the cycle considers them."""
     stats: dict[str, Any] = field(default_factory=dict)
 
-    def reason_for(self, job_id: str) -> Reason | None:
-        return self.waiting.get(job_id)
-
     def position(self, job_id: str, queue: str) -> int | None:
         """The job's 1-based place in its queue's order (a linear search: for one job)."""
         order = self.queue_order.get(queue, [])

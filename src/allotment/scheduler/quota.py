@@ -19,7 +19,7 @@ a pool where it names nothing.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from allotment.domain.cluster import Cluster, Queue
@@ -334,7 +334,3 @@ class QuotaTree:
                 return
             keep = self._reserved[key].get(resource, 0)
             change = max(new, keep) - max(old, keep)
-
-    def add_all(self, items: Iterable[tuple[str, str, Mapping[str, int], bool]]) -> None:
-        for queue, pool, request, borrow_only in items:
-            self.add(queue, pool, request, borrow_only=borrow_only)

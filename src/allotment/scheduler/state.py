@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from allotment.domain.cluster import Cluster, PriorityClass, Queue
+from allotment.domain.cluster import Cluster, PriorityClass
 from allotment.scheduler.placement import Placer
 from allotment.scheduler.quota import QuotaTree
 from allotment.scheduler.snapshot import ReplicaPlacement, RunningJob, SchedulerPolicy, Snapshot
@@ -79,9 +79,6 @@ class CycleState:
 
     def klass(self, name: str) -> PriorityClass:
         return self.cluster.priority_classes.get(name, _LOWEST)
-
-    def queue(self, name: str) -> Queue | None:
-        return self.cluster.queues.get(name)
 
     def _holder(self, job: RunningJob) -> Holder:
         return Holder(
