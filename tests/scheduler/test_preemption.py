@@ -181,3 +181,16 @@ def test_preemptor_whose_victims_are_gone_goes_first_and_only_once() -> None:
     assert "hi" not in decisions.waiting
     assert codes(decisions) == {"blocker": "quota_exhausted"}
     assert len(decisions.waiting) == 1
+
+
+def test_preemptor_that_needs_more_victims_says_so() -> None:
+    cluster = shared().build()
+    # Its first victim is gone, but another low job took the node meanwhile.
+    runs = [
+        running("squatter", "a", "a100-00", gpu=8, prio="experiment"),
+        running("other", "b", "a100-01", gpu=8),
+    ]
+    pending = [job("hi", "a", gpu=8, prio="key-project", preempting=["gone"])]
+    decisions = cycle(cluster, pending, runs)
+    assert victims(decisions) == {"hi": ["squatter"]}
+    assert codes(decisions) == {"hi": "waiting_for_preemption"}

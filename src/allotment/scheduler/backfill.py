@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from allotment.scheduler.placement import NodeState
+from allotment.scheduler.placement import NodeState, per_node
 from allotment.scheduler.snapshot import PendingJob
 from allotment.scheduler.state import CycleState, Holder
 
@@ -52,6 +52,10 @@ class Reservations:
         for reservation in kept:
             self.add(reservation)
 
+    def claims(self) -> dict[str, dict[str, int]] | None:
+        """Every reservation's claims together (None when there are none)."""
+        return self.merged if self.items else None
+
     def claims_for(self, now: float, bound: float | None) -> dict[str, dict[str, int]] | None:
         """The claims a job must leave free: none if it surely ends before every
         reservation starts (``bound`` = its maximum runtime)."""
@@ -82,12 +86,12 @@ def plan_reservation(state: CycleState, job: PendingJob, pool: str) -> Reservati
             return None
         placed = scratch.place(pool, job.replicas)
         if placed.ok:
-            claims: dict[str, dict[str, int]] = {}
-            for placement in placed.placements:
-                bucket = claims.setdefault(placement.node, {})
-                for key, amount in placement.resources.items():
-                    bucket[key] = bucket.get(key, 0) + amount
-            return Reservation(job=job.id, pool=pool, start=_start(state, holder), claims=claims)
+            return Reservation(
+                job=job.id,
+                pool=pool,
+                start=_start(state, holder),
+                claims=per_node(placed.placements),
+            )
     return None
 
 

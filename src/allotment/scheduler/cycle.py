@@ -26,7 +26,7 @@ from allotment.domain.resources import GPU, MILLI, format_quantity
 from allotment.scheduler import ordering
 from allotment.scheduler.backfill import Reservation, Reservations, plan_reservation
 from allotment.scheduler.decisions import Admit, Decisions, Preempt
-from allotment.scheduler.placement import PlacementResult
+from allotment.scheduler.placement import PlacementResult, per_node
 from allotment.scheduler.preemption import describe, find_victims
 from allotment.scheduler.quota import ROOT, QuotaCheck
 from allotment.scheduler.snapshot import PendingJob, Snapshot
@@ -141,16 +141,19 @@ class _Cycle:
     def _nominated_one(self, line: Line, job: PendingJob) -> None:
         still = [self.state.holders[v] for v in job.preempting if v in self.state.holders]
         if not still:
-            outcome, _ = self._try(job, line)
-            if outcome is Outcome.ADMITTED:
+            outcome, reason = self._try(job, line)
+            if outcome is Outcome.PREEMPTING and reason is not None:
+                self.decisions.waiting[job.id] = reason  # it needs more victims
+            if outcome in (Outcome.ADMITTED, Outcome.PREEMPTING):
                 self.answered.add(job.id)
-            else:
-                self._undo_try(job)
+            else:  # it competes again in phase 4, in its turn
+                self.decisions.reservations.pop(job.id, None)
+                self.reservations.forget(job.id)
             return
         pool = still[0].pool
         for holder in still:
             self.state.unhold(holder)
-        placed = self.state.placer.place(pool, job.replicas)
+        placed = self.state.placer.place(pool, job.replicas, claims=self.reservations.claims())
         for holder in still:
             self.state.hold(holder)
         if not placed.ok:
@@ -165,28 +168,13 @@ class _Cycle:
             {"pool": pool, "victims": [h.id for h in still]},
         )
 
-    def _undo_try(self, job: PendingJob) -> None:
-        """Forget a failed early try: the job competes again in phase 4 (a preemption it
-        decided stands, and answers it)."""
-        if any(p.job == job.id for p in self.decisions.preemptions):
-            self.answered.add(job.id)
-        self.decisions.reservations.pop(job.id, None)
-        self.reservations.forget(job.id)
-
     def _reserve_for_preemptor(
         self, job: PendingJob, pool: str, placed: PlacementResult, victims: list[Holder]
     ) -> None:
-        releasing: dict[str, dict[str, int]] = {}
-        for holder in victims:
-            for p in holder.placements:
-                bucket = releasing.setdefault(p.node, {})
-                for key, amount in p.resources.items():
-                    bucket[key] = bucket.get(key, 0) + amount
-        claims: dict[str, dict[str, int]] = {}
-        for p in placed.placements:
-            bucket = claims.setdefault(p.node, {})
-            for key, amount in p.resources.items():
-                bucket[key] = bucket.get(key, 0) + amount
+        """Hold the part of the preemptor's placement that is free now (the rest is the
+        victims', held until they are gone) against everyone else this cycle."""
+        releasing = per_node(p for holder in victims for p in holder.placements)
+        claims = per_node(placed.placements)
         for node, claim in claims.items():
             freed = releasing.get(node, {})
             for key in list(claim):

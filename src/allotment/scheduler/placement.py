@@ -368,6 +368,16 @@ class Placer:
         )
 
 
+def per_node(placements: Iterable[ReplicaPlacement]) -> dict[str, dict[str, int]]:
+    """What the placements hold on each node, summed."""
+    out: dict[str, dict[str, int]] = {}
+    for placement in placements:
+        bucket = out.setdefault(placement.node, {})
+        for key, amount in placement.resources.items():
+            bucket[key] = bucket.get(key, 0) + amount
+    return out
+
+
 def fits_in(
     free: Mapping[str, int],
     devices: list[int],
