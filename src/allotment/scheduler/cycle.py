@@ -15,17 +15,16 @@ Pure: no clock (``now`` is in the snapshot), no I/O. The phases:
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
 from allotment.domain.cluster import PriorityClass, Queue
 from allotment.domain.durations import format_duration, next_window_open, window_open
 from allotment.domain.reasons import Reason, ReasonCode, most_relevant
-from allotment.domain.resources import GPU, MILLI, format_quantity
 from allotment.scheduler import ordering
 from allotment.scheduler.backfill import Reservation, Reservations, plan_reservation
 from allotment.scheduler.decisions import Admit, Decisions, Preempt
+from allotment.scheduler.gates import Gates, shape_of
 from allotment.scheduler.placement import PlacementResult, per_node
 from allotment.scheduler.preemption import describe, find_victims
 from allotment.scheduler.quota import ROOT, QuotaCheck
@@ -70,15 +69,18 @@ class _Cycle:
     taken: set[str] = field(default_factory=set)
     no_fit: dict[tuple[object, ...], Reason] = field(default_factory=dict)
     no_victims: set[tuple[object, ...]] = field(default_factory=set)
-    ever_fits: dict[tuple[object, ...], bool] = field(default_factory=dict)
     searches: int = 0
     answered: set[str] = field(default_factory=set)
     """Jobs decided before phase 4 (nominated preemptors)."""
     preemptors: list[PendingJob] = field(default_factory=list)
     line_of: dict[str, Line] = field(default_factory=dict)
+    gates: Gates = field(init=False)
     examined: int = 0
     past_block: int = 0
     """Jobs looked at, across all queues, that did not start."""
+
+    def __post_init__(self) -> None:
+        self.gates = Gates(self.state)
 
     # ------------------------------------------------------------ phase 2
 
@@ -264,150 +266,9 @@ class _Cycle:
             line.pools = self.state.cluster.allowed_pools(line.queue)
         return line.pools
 
-    def _gate(
-        self, job: PendingJob, line: Line
-    ) -> tuple[Reason | None, PriorityClass | None, list[str]]:
-        """Why the job cannot be tried at all (bad class, back-off, no open pool, too big
-        for the queue or for any node), else its class and the pools to try."""
-        queue = line.queue
-        cluster = self.state.cluster
-        klass = cluster.priority_classes.get(job.priority_class)
-        if klass is None or (
-            queue.spec.priority_classes is not None
-            and job.priority_class not in queue.spec.priority_classes
-        ):
-            allowed = queue.spec.priority_classes or sorted(cluster.priority_classes)
-            return (
-                Reason(
-                    ReasonCode.INVALID,
-                    f"priority class {job.priority_class!r} is not allowed in queue "
-                    f"{queue.name}; allowed: {', '.join(allowed)}",
-                    {"queue": queue.name, "priority_class": job.priority_class},
-                ),
-                None,
-                [],
-            )
-        for group in job.replicas:
-            gpu = group.resources.get(GPU, 0)
-            if gpu > MILLI and gpu % MILLI:
-                return (
-                    Reason(
-                        ReasonCode.INVALID,
-                        f"replica group {group.name} asks for {format_quantity(GPU, gpu)} "
-                        "GPUs; above one GPU, ask for whole GPUs",
-                        {"group": group.name},
-                    ),
-                    klass,
-                    [],
-                )
-        if job.not_before is not None and job.not_before > self.state.now:
-            return (
-                Reason(
-                    ReasonCode.BACKOFF,
-                    f"retry back-off: eligible in "
-                    f"{format_duration(job.not_before - self.state.now)}",
-                    {"not_before": job.not_before},
-                ),
-                klass,
-                [],
-            )
-        open_pools = self._open_pools(line)
-        pools = [p for p in job.pools if p in open_pools] if job.pools else open_pools
-        if not pools:
-            asked = ", ".join(job.pools) or "any"
-            return (
-                Reason(
-                    ReasonCode.POOL_NOT_ALLOWED,
-                    f"none of the pools asked for ({asked}) is open to queue {queue.name};"
-                    f" open pools: {', '.join(open_pools) or 'none'}",
-                    {"queue": queue.name, "pools": list(job.pools), "allowed": open_pools},
-                ),
-                klass,
-                [],
-            )
-        total = job.total()
-        limit = queue.spec.max_job
-        if limit is not None and not all(total.get(k, 0) <= limit[k] for k in limit):
-            over = {
-                k: format_quantity(k, total.get(k, 0)) for k in limit if total.get(k, 0) > limit[k]
-            }
-            return (
-                Reason(
-                    ReasonCode.EXCEEDS_QUEUE_LIMIT,
-                    f"queue {queue.name} accepts jobs up to "
-                    f"{', '.join(f'{v} {k}' for k, v in limit.display().items())}; "
-                    f"this job asks for {', '.join(f'{v} {k}' for k, v in over.items())}",
-                    {"queue": queue.name, "max_job": limit.display(), "requested": over},
-                ),
-                klass,
-                [],
-            )
-        fitting = [p for p in pools if all(self._ever_fits(p, g.resources) for g in job.replicas)]
-        if not fitting:
-            return (
-                Reason(
-                    ReasonCode.NO_NODE_FITS,
-                    f"no node in pool(s) {', '.join(pools)} is large enough for one "
-                    "replica, even when empty",
-                    {"pools": pools, "permanent": True},
-                ),
-                klass,
-                [],
-            )
-        ceiling = self._quota_ceiling(queue, fitting, total)
-        if ceiling is not None:
-            return ceiling, klass, []
-        return None, klass, fitting
-
-    def _ever_fits(self, pool: str, request: Mapping[str, int]) -> bool:
-        """Whether some node of ``pool`` could hold ``request`` when empty (cached)."""
-        key = (pool, _shape_of(request))
-        known = self.ever_fits.get(key)
-        if known is None:
-            known = self.ever_fits[key] = self.state.placer.ever_fits(pool, request)
-        return known
-
-    def _quota_ceiling(
-        self, queue: Queue, pools: list[str], total: dict[str, int]
-    ) -> Reason | None:
-        """The job can never fit its queue's quota (limits alone, ignoring other usage)."""
-        spec = queue.spec
-        for pool in pools:
-            nominal = queue.nominal.get(pool)
-            if not self.state.policy.borrowing:
-                if nominal is None:
-                    continue
-                ceiling = nominal.as_dict()
-            elif spec.borrowing_limit and pool in spec.borrowing_limit:
-                ceiling = {
-                    k: (nominal[k] if nominal else 0) + v
-                    for k, v in spec.borrowing_limit[pool].items()
-                }
-            else:
-                return None
-            if all(total.get(k, 0) <= v for k, v in ceiling.items()):
-                return None
-        if not self.state.policy.borrowing and not any(queue.nominal.get(p) for p in pools):
-            return Reason(
-                ReasonCode.EXCEEDS_QUEUE_LIMIT,
-                f"queue {queue.name} has no quota in pool(s) {', '.join(pools)} and "
-                "borrowing is off",
-                {"queue": queue.name, "pools": pools},
-            )
-        return Reason(
-            ReasonCode.EXCEEDS_QUEUE_LIMIT,
-            f"this job is larger than queue {queue.name}'s quota (with its borrowing "
-            f"limit) could ever allow in pool(s) {', '.join(pools)}",
-            {
-                "queue": queue.name,
-                "pools": pools,
-                "requested": {k: format_quantity(k, v) for k, v in total.items()},
-            },
-        )
-
     def _try(self, job: PendingJob, line: Line) -> tuple[Outcome, Reason | None]:
         queue = line.queue
-        gate, klass, pools = self._gate(job, line)
+        gate, klass, pools = self.gates.check(job, line.queue, self._open_pools(line))
         if gate is not None or klass is None:
             return Outcome.GATED, gate
         state = self.state
@@ -588,12 +449,8 @@ class _Cycle:
             waiting.add_run(tail, reason)
 
 
-def _shape_of(resources: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
-    return tuple(sorted(resources.items()))
-
-
 def _job_shape(job: PendingJob) -> tuple[object, ...]:
-    return tuple((g.count, _shape_of(g.resources)) for g in job.replicas)
+    return tuple((g.count, shape_of(g.resources)) for g in job.replicas)
 
 
 def _quota_reason(check: QuotaCheck, pool: str, leaf: str) -> Reason:

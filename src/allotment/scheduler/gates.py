@@ -1,0 +1,167 @@
+"""Gates: what keeps a job from being tried at all, before quota and placement.
+
+An unknown or disallowed priority class, fractional GPUs above one, a retry back-off, no
+open pool, a job larger than the queue's ``max_job``, than any node, or than the queue's
+quota could ever allow. A gated job waits with its reason and does not hold up its queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from allotment.domain.cluster import PriorityClass, Queue
+from allotment.domain.durations import format_duration
+from allotment.domain.reasons import Reason, ReasonCode
+from allotment.domain.resources import GPU, MILLI, format_quantity
+from allotment.scheduler.snapshot import PendingJob
+from allotment.scheduler.state import CycleState
+
+
+def shape_of(resources: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+    """A hashable form of a resource request, for per-cycle caches."""
+    return tuple(sorted(resources.items()))
+
+
+class Gates:
+    """The gate checks of one cycle, with what they learn about node sizes cached."""
+
+    def __init__(self, state: CycleState) -> None:
+        self.state = state
+        self._ever: dict[tuple[object, ...], bool] = {}
+
+    def check(
+        self, job: PendingJob, queue: Queue, open_pools: list[str]
+    ) -> tuple[Reason | None, PriorityClass | None, list[str]]:
+        """Why the job cannot be tried at all (bad class, back-off, no open pool, too big
+        for the queue or for any node), else its class and the pools to try."""
+        cluster = self.state.cluster
+        klass = cluster.priority_classes.get(job.priority_class)
+        if klass is None or (
+            queue.spec.priority_classes is not None
+            and job.priority_class not in queue.spec.priority_classes
+        ):
+            allowed = queue.spec.priority_classes or sorted(cluster.priority_classes)
+            return (
+                Reason(
+                    ReasonCode.INVALID,
+                    f"priority class {job.priority_class!r} is not allowed in queue "
+                    f"{queue.name}; allowed: {', '.join(allowed)}",
+                    {"queue": queue.name, "priority_class": job.priority_class},
+                ),
+                None,
+                [],
+            )
+        for group in job.replicas:
+            gpu = group.resources.get(GPU, 0)
+            if gpu > MILLI and gpu % MILLI:
+                return (
+                    Reason(
+                        ReasonCode.INVALID,
+                        f"replica group {group.name} asks for {format_quantity(GPU, gpu)} "
+                        "GPUs; above one GPU, ask for whole GPUs",
+                        {"group": group.name},
+                    ),
+                    klass,
+                    [],
+                )
+        if job.not_before is not None and job.not_before > self.state.now:
+            return (
+                Reason(
+                    ReasonCode.BACKOFF,
+                    f"retry back-off: eligible in "
+                    f"{format_duration(job.not_before - self.state.now)}",
+                    {"not_before": job.not_before},
+                ),
+                klass,
+                [],
+            )
+        pools = [p for p in job.pools if p in open_pools] if job.pools else open_pools
+        if not pools:
+            asked = ", ".join(job.pools) or "any"
+            return (
+                Reason(
+                    ReasonCode.POOL_NOT_ALLOWED,
+                    f"none of the pools asked for ({asked}) is open to queue {queue.name};"
+                    f" open pools: {', '.join(open_pools) or 'none'}",
+                    {"queue": queue.name, "pools": list(job.pools), "allowed": open_pools},
+                ),
+                klass,
+                [],
+            )
+        total = job.total()
+        limit = queue.spec.max_job
+        if limit is not None and not all(total.get(k, 0) <= limit[k] for k in limit):
+            over = {
+                k: format_quantity(k, total.get(k, 0)) for k in limit if total.get(k, 0) > limit[k]
+            }
+            return (
+                Reason(
+                    ReasonCode.EXCEEDS_QUEUE_LIMIT,
+                    f"queue {queue.name} accepts jobs up to "
+                    f"{', '.join(f'{v} {k}' for k, v in limit.display().items())}; "
+                    f"this job asks for {', '.join(f'{v} {k}' for k, v in over.items())}",
+                    {"queue": queue.name, "max_job": limit.display(), "requested": over},
+                ),
+                klass,
+                [],
+            )
+        fitting = [p for p in pools if all(self.ever_fits(p, g.resources) for g in job.replicas)]
+        if not fitting:
+            return (
+                Reason(
+                    ReasonCode.NO_NODE_FITS,
+                    f"no node in pool(s) {', '.join(pools)} is large enough for one "
+                    "replica, even when empty",
+                    {"pools": pools, "permanent": True},
+                ),
+                klass,
+                [],
+            )
+        ceiling = self.quota_ceiling(queue, fitting, total)
+        if ceiling is not None:
+            return ceiling, klass, []
+        return None, klass, fitting
+
+    def ever_fits(self, pool: str, request: Mapping[str, int]) -> bool:
+        """Whether some node of ``pool`` could hold ``request`` when empty (cached)."""
+        key = (pool, shape_of(request))
+        known = self._ever.get(key)
+        if known is None:
+            known = self._ever[key] = self.state.placer.ever_fits(pool, request)
+        return known
+
+    def quota_ceiling(self, queue: Queue, pools: list[str], total: dict[str, int]) -> Reason | None:
+        """The job can never fit its queue's quota (limits alone, ignoring other usage)."""
+        spec = queue.spec
+        for pool in pools:
+            nominal = queue.nominal.get(pool)
+            if not self.state.policy.borrowing:
+                if nominal is None:
+                    continue
+                ceiling = nominal.as_dict()
+            elif spec.borrowing_limit and pool in spec.borrowing_limit:
+                ceiling = {
+                    k: (nominal[k] if nominal else 0) + v
+                    for k, v in spec.borrowing_limit[pool].items()
+                }
+            else:
+                return None
+            if all(total.get(k, 0) <= v for k, v in ceiling.items()):
+                return None
+        if not self.state.policy.borrowing and not any(queue.nominal.get(p) for p in pools):
+            return Reason(
+                ReasonCode.EXCEEDS_QUEUE_LIMIT,
+                f"queue {queue.name} has no quota in pool(s) {', '.join(pools)} and "
+                "borrowing is off",
+                {"queue": queue.name, "pools": pools},
+            )
+        return Reason(
+            ReasonCode.EXCEEDS_QUEUE_LIMIT,
+            f"this job is larger than queue {queue.name}'s quota (with its borrowing "
+            f"limit) could ever allow in pool(s) {', '.join(pools)}",
+            {
+                "queue": queue.name,
+                "pools": pools,
+                "requested": {k: format_quantity(k, v) for k, v in total.items()},
+            },
+        )
