@@ -19,6 +19,7 @@ The bugs these found are kept as plain regression tests at the end.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -245,16 +246,8 @@ def job_streams(
 
 
 def as_running(admit: Admit, pending: PendingJob, *, start: float, end: float | None) -> RunningJob:
-    return RunningJob(
-        id=admit.job,
-        queue=admit.queue,
-        priority_class=pending.priority_class,
-        pool=admit.pool,
-        start_time=start,
-        placements=admit.placements,
-        expected_end=end,
-        max_end=None if pending.max_runtime is None else start + pending.max_runtime,
-    )
+    """The admission started at ``start``, expected to end at ``end`` (drawn, not derived)."""
+    return dataclasses.replace(admit.running(pending, at=start), expected_end=end)
 
 
 @st.composite
