@@ -196,7 +196,7 @@ def test_unknown_key_names_the_key_and_its_line() -> None:
         """)
     assert issue.path == "queues.0.quotaa"
     assert issue.line == 4
-    assert "'quotaa'" in issue.message
+    assert "'quotaa' (did you mean 'quota'?)" in issue.message
     assert "line 4" in str(issue)
 
 
@@ -211,6 +211,24 @@ def test_unknown_key_in_a_job_file() -> None:
         job=True,
     )
     assert (issue.path, issue.line) == ("comand", 4)
+    assert "(did you mean 'command'?)" in issue.message
+
+
+def test_unknown_key_lists_what_is_allowed_there() -> None:
+    issue = one_problem("""\
+        pools: [{name: a}]
+        queues:
+          - name: org
+            children:
+              - name: team
+                priorty_classes: [training]
+        """)
+    assert issue.path == "queues.0.children.0.priorty_classes"
+    assert issue.line == 6
+    assert issue.message.startswith(
+        "unknown key 'priorty_classes' (did you mean 'priority_classes'?); allowed here: "
+    )
+    assert "borrowing_limit" in issue.message and "time_windows" in issue.message
 
 
 def test_missing_required_key() -> None:

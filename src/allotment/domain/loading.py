@@ -11,9 +11,11 @@ Scalars follow YAML 1.2 where 1.1 surprises people: only ``true``/``false`` are 
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
-from typing import Any, TypeVar
+from types import UnionType
+from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -134,13 +136,61 @@ def _line_for(loc: tuple[str, ...], lines: Lines) -> int | None:
     return None
 
 
-def _issues_from(exc: ValidationError, lines: Lines) -> list[Issue]:
+def _strip(annotation: Any) -> Any:
+    """``X | None`` and ``Annotated[X, ...]`` → ``X``."""
+    while True:
+        origin = get_origin(annotation)
+        if origin is Annotated:
+            annotation = get_args(annotation)[0]
+        elif origin in (Union, UnionType):
+            rest = [a for a in get_args(annotation) if a is not type(None)]
+            if len(rest) != 1:
+                return annotation
+            annotation = rest[0]
+        else:
+            return annotation
+
+
+def _keys_at(model: type[BaseModel], loc: tuple[str, ...]) -> list[str]:
+    """The keys the model allows at the mapping that holds ``loc``'s last key."""
+    current: Any = model
+    for part in loc[:-1]:
+        current = _strip(current)
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            fields = current.model_fields
+            name = next((n for n, f in fields.items() if part in (n, f.alias)), None)
+            if name is None:
+                return []
+            current = fields[name].annotation
+        elif get_origin(current) in (list, tuple):
+            current = get_args(current)[0]
+        elif get_origin(current) is dict:
+            current = get_args(current)[1]
+        else:
+            return []
+    current = _strip(current)
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return sorted(f.alias or n for n, f in current.model_fields.items())
+    return []
+
+
+def _unknown_key(model: type[BaseModel], loc: tuple[str, ...]) -> str:
+    key = loc[-1]
+    allowed = _keys_at(model, loc)
+    if not allowed:
+        return f"unknown key {key!r}"
+    close = difflib.get_close_matches(key, allowed, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown key {key!r}{hint}; allowed here: {', '.join(allowed)}"
+
+
+def _issues_from(model: type[BaseModel], exc: ValidationError, lines: Lines) -> list[Issue]:
     issues = []
     for error in exc.errors():
         loc = tuple(str(part) for part in error["loc"] if not str(part).startswith("function-"))
         message = error["msg"]
         if error["type"] == "extra_forbidden":
-            message = f"unknown key {loc[-1]!r}; check the spelling against INTERFACES.md"
+            message = _unknown_key(model, loc)
         elif error["type"] == "missing":
             message = f"missing required key {loc[-1]!r}"
         message = message.removeprefix("Value error, ")
@@ -162,7 +212,7 @@ def validate_model(
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_issues_from(exc, lines or {}), source=source) from exc
+        raise ConfigError(_issues_from(model, exc, lines or {}), source=source) from exc
 
 
 def _read(path: str | Path) -> str:
