@@ -372,7 +372,7 @@ class _Cycle:
         state = self.state
         borrowed = dict(check.borrowed)
         if klass.borrow_only:
-            borrowed = job.total()
+            borrowed = dict(job.total())
         lenders = state.quota.lenders(queue.name, pool, borrowed) if borrowed else ()
         runtime = job.expected_runtime if job.expected_runtime is not None else job.max_runtime
         holder = state.new_holder(

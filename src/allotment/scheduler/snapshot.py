@@ -91,13 +91,17 @@ class PendingJob:
     def replica_count(self) -> int:
         return sum(r.count for r in self.replicas)
 
+    _total: dict[str, int] | None = field(default=None, init=False, repr=False, compare=False)
+
     def total(self) -> dict[str, int]:
-        """All replicas together, milli-units."""
-        out: dict[str, int] = {}
-        for group in self.replicas:
-            for key, amount in group.resources.items():
-                out[key] = out.get(key, 0) + amount * group.count
-        return out
+        """All replicas together, milli-units (computed once; do not change the result)."""
+        if self._total is None:
+            out: dict[str, int] = {}
+            for group in self.replicas:
+                for key, amount in group.resources.items():
+                    out[key] = out.get(key, 0) + amount * group.count
+            self._total = out
+        return self._total
 
     @property
     def gpus(self) -> int:
