@@ -94,7 +94,6 @@ def test_jobs_out_one_file_per_policy(files: Path, scripted: None) -> None:
 
 
 def test_sim_with_the_real_core(files: Path) -> None:
-    pytest.importorskip("allotment.scheduler.cycle")
     result = sim(files, "-p", "fifo-isolated", "-p", "default", "-o", "json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)

@@ -1,7 +1,4 @@
-"""Replays on the real scheduling core (``allotment.scheduler.cycle.schedule_once``).
-
-The core is imported inside each test: until it is merged these tests are skipped.
-"""
+"""Replays on the real scheduling core (``allotment.scheduler.cycle.schedule_once``)."""
 
 from __future__ import annotations
 
@@ -12,6 +9,7 @@ from collections import defaultdict
 import pytest
 
 from allotment.domain.cluster import Cluster
+from allotment.scheduler.cycle import schedule_once
 from allotment.scheduler.decisions import Decisions
 from allotment.scheduler.snapshot import Snapshot
 from allotment.sim.jobs_out import write_attempts
@@ -21,8 +19,6 @@ from allotment.sim.trace import TraceJob
 
 
 def core() -> Scheduler:
-    cycle = pytest.importorskip("allotment.scheduler.cycle")
-    schedule_once: Scheduler = cycle.schedule_once
     return schedule_once
 
 

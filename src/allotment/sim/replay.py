@@ -24,7 +24,6 @@ pending, a gang placed incompletely, or a node over-committed raises :class:`Rep
 from __future__ import annotations
 
 import heapq
-import importlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -35,6 +34,7 @@ from allotment.domain.durations import next_window_open
 from allotment.domain.errors import AllotmentError
 from allotment.domain.reasons import ReasonCode
 from allotment.domain.resources import CPU, GPU, MEMORY
+from allotment.scheduler.cycle import schedule_once
 from allotment.scheduler.decisions import Admit, Decisions
 from allotment.scheduler.snapshot import (
     PendingJob,
@@ -62,15 +62,7 @@ class ReplayError(AllotmentError):
 
 
 def default_scheduler() -> Scheduler:
-    """The real core, ``allotment.scheduler.cycle.schedule_once`` (imported on first use)."""
-    name = "allotment.scheduler.cycle"
-    try:
-        module = importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name != name:
-            raise
-        raise ReplayError(f"the scheduling core ({name}) is not available in this install") from exc
-    schedule_once: Scheduler = module.schedule_once
+    """The real core, :func:`allotment.scheduler.cycle.schedule_once`."""
     return schedule_once
 
 
