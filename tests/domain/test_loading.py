@@ -697,3 +697,19 @@ def test_check_job_refuses_a_job_over_the_queue_max_job() -> None:
     assert issue.message == "queue q accepts jobs up to 4 gpu; this job asks for 6 gpu in all"
     small = load_job_text("name: ok\nqueue: q\nreplicas: [{count: 2, resources: {gpu: 2}}]\n")
     assert check_job(small, cluster) == []
+
+
+def test_numbers_written_as_labels_topology_and_env_are_text() -> None:
+    cluster = load_cluster_text(
+        "pools: [{name: a, labels: {cuda: 12.4, generation: 3}}]\n"
+        "nodes: [{name: n1, pool: a, capacity: {gpu: 1}, topology: {rack: 103959}}]\n"
+    )
+    assert cluster.pools["a"].labels == {"cuda": "12.4", "generation": "3"}
+    assert cluster.nodes["n1"].topology == {"rack": "103959"}
+    job = load_job_text(
+        "name: j\nqueue: q\nreplicas: [{count: 1}]\nenv: {NCCL_DEBUG: 1, TRACE: true}\n"
+    )
+    assert job.env == {"NCCL_DEBUG": "1", "TRACE": "true"}
+    with pytest.raises(ConfigError) as caught:
+        load_job_text("name: j\nqueue: q\nreplicas: [{count: 1}]\nenv: {X: [1, 2]}\n")
+    assert caught.value.issues[0].path == "env.X"

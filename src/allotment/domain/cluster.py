@@ -37,6 +37,20 @@ ResourcesField = Annotated[
     PlainSerializer(lambda r: r.display(), return_type=dict[str, str]),
 ]
 Duration = Annotated[float, BeforeValidator(lambda v: parse_duration(v))]
+
+
+def _scalar_text(value: object) -> object:
+    """Numbers and booleans written where text is meant (``rack: 1``, ``cuda: 12.4``,
+    ``NCCL_DEBUG: 1``) become their text; anything else is left to validation."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return value
+
+
+Text = Annotated[str, BeforeValidator(_scalar_text)]
+"""A label, topology or environment value: text, with plain numbers accepted as text."""
 PoolQuota = dict[str, ResourcesField]
 """Per-pool resources: ``{a100: {gpu: 16, cpu: 200}}``."""
 
@@ -77,7 +91,7 @@ class Pool(Model):
     """A set of alike nodes (Kueue's resource flavor), with a price and an access list."""
 
     name: Name
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, Text] = Field(default_factory=dict)
     price_per_gpu_hour: float = Field(default=0.0, ge=0)
     queues: list[str] | None = None
     """Queues (or ancestors of queues) that may use this pool; absent means all."""
@@ -98,7 +112,7 @@ class Node(Model):
     name: Annotated[str, Field(min_length=1, max_length=253)]
     pool: str
     capacity: ResourcesField
-    topology: dict[str, str] = Field(default_factory=dict)
+    topology: dict[str, Text] = Field(default_factory=dict)
     healthy: bool = True
     devices: list[Device] = Field(default_factory=list)
 
@@ -117,7 +131,7 @@ class NodeEntry(Model):
     start: int = Field(default=1, ge=0)
     pool: str
     capacity: ResourcesField
-    topology: dict[str, str] = Field(default_factory=dict)
+    topology: dict[str, Text] = Field(default_factory=dict)
     healthy: bool = True
     devices: list[Device] = Field(default_factory=list)
 

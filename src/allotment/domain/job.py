@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from allotment.domain.cluster import Duration, Model, Name, ResourcesField, RetryPolicy
+from allotment.domain.cluster import Duration, Model, Name, ResourcesField, RetryPolicy, Text
 from allotment.domain.resources import Resources
 
 
@@ -67,7 +67,7 @@ class JobSpec(Model):
     pools: list[str] = Field(default_factory=list)
     image: str | None = None
     command: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, Text] = Field(default_factory=dict)
     mounts: list[Mount] = Field(default_factory=list)
     max_runtime: Duration | None = None
     expected_runtime: Duration | None = None
