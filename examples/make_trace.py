@@ -19,23 +19,13 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from allotment.sim.trace import KNOWN_COLUMNS
+
 SEED = 20260101
 JOBS = 200
 MEAN_INTERARRIVAL_S = 650.0
-COLUMNS = [
-    "job_id",
-    "submit_time",
-    "duration",
-    "queue",
-    "gpus",
-    "replicas",
-    "cpu",
-    "memory",
-    "pool",
-    "priority_class",
-    "type",
-    "max_runtime",
-]
+COLUMNS = list(KNOWN_COLUMNS)
+"""The generic trace columns, in the order the reader documents them."""
 
 
 @dataclass(frozen=True, kw_only=True)
