@@ -15,6 +15,7 @@ Pure: no clock (``now`` is in the snapshot), no I/O. The phases:
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
@@ -25,6 +26,7 @@ from allotment.scheduler import ordering
 from allotment.scheduler.backfill import Reservation, Reservations, plan_reservation
 from allotment.scheduler.decisions import Admit, Decisions, Preempt
 from allotment.scheduler.gates import Gates, shape_of
+from allotment.scheduler.lines import QueueLine, group_lines
 from allotment.scheduler.placement import PlacementResult, per_node
 from allotment.scheduler.preemption import describe, find_victims
 from allotment.scheduler.quota import ROOT, QuotaCheck
@@ -57,14 +59,20 @@ class Line:
     blocker_reason: Reason | None = None
     done: bool = False
     pools: list[str] | None = None
-    """The pools open to the queue (computed on first use)."""
+    """Where the queue's jobs are tried, in order (computed on first use)."""
+    allowed: list[str] | None = None
+    """Every pool open to the queue."""
 
 
 @dataclass(slots=True)
 class _Cycle:
-    snapshot: Snapshot
     state: CycleState
     decisions: Decisions
+    explain: bool = True
+    """Give every pending job a reason and fill ``queue_order`` (off: only the jobs
+    looked at get one; the replay runs this way)."""
+    copy_ids: bool = False
+    """The lines outlive the cycle (a session): decisions keep copies of their ids."""
     reservations: Reservations = field(default_factory=Reservations)
     taken: set[str] = field(default_factory=set)
     no_fit: dict[tuple[object, ...], Reason] = field(default_factory=dict)
@@ -76,6 +84,8 @@ class _Cycle:
     line_of: dict[str, Line] = field(default_factory=dict)
     gates: Gates = field(init=False)
     examined: int = 0
+    truncated: bool = False
+    """A per-cycle bound stopped the cycle short: another cycle may do more."""
     past_block: int = 0
     """Jobs looked at, across all queues, that did not start."""
 
@@ -84,51 +94,58 @@ class _Cycle:
 
     # ------------------------------------------------------------ phase 2
 
-    def lines(self) -> list[Line]:
+    def lines(
+        self, queues: Mapping[str, QueueLine], preemptors: Iterable[PendingJob]
+    ) -> list[Line]:
         cluster = self.state.cluster
-        classes = {name: c.value for name, c in cluster.priority_classes.items()}
         now = self.state.now
         waiting = self.decisions.waiting
         order = self.decisions.queue_order
-        grouped: dict[str, list[PendingJob]] = {}
-        for job in self.snapshot.pending:
-            bucket = grouped.get(job.queue)
-            if bucket is None:
-                grouped[job.queue] = [job]
-            else:
-                bucket.append(job)
-            if job.preempting:
-                self.preemptors.append(job)
+        explain = self.explain
+        self.preemptors.extend(preemptors)
         lines = []
-        for name, jobs in grouped.items():
-            values = ordering.sort_within_queue(jobs, classes)
-            ids = [j.id for j in jobs]
-            order[name] = ids
+        for name, pending in queues.items():
+            if not pending.jobs:
+                continue
+            ids = pending.ids
+            if explain:
+                order[name] = list(ids) if self.copy_ids else ids
             queue = cluster.queues.get(name)
             if queue is None or not queue.is_leaf:
-                leaves = ", ".join(sorted(q.name for q in cluster.leaves))
-                what = "is not a leaf queue" if queue is not None else "does not exist"
-                reason = Reason(
-                    ReasonCode.INVALID,
-                    f"queue {name} {what}; leaf queues: {leaves}",
-                    {"queue": name},
-                )
-                waiting.add_run(ids, reason)
+                if explain:
+                    leaves = ", ".join(sorted(q.name for q in cluster.leaves))
+                    what = "is not a leaf queue" if queue is not None else "does not exist"
+                    reason = Reason(
+                        ReasonCode.INVALID,
+                        f"queue {name} {what}; leaf queues: {leaves}",
+                        {"queue": name},
+                    )
+                    waiting.add_run(order[name], reason)
                 continue
             if not window_open(queue.time_windows, now):
                 opens = next_window_open(queue.time_windows, now)
-                when = "never" if opens is None else f"in {format_duration(opens - now)}"
-                reason = Reason(
-                    ReasonCode.OUTSIDE_TIME_WINDOW,
-                    f"queue {name} admits nothing at this hour; it opens {when}",
-                    {"queue": name, "opens_at": opens},
-                )
-                waiting.add_run(ids, reason)
+                self.wake_at(opens)
+                if explain:
+                    when = "never" if opens is None else f"in {format_duration(opens - now)}"
+                    reason = Reason(
+                        ReasonCode.OUTSIDE_TIME_WINDOW,
+                        f"queue {name} admits nothing at this hour; it opens {when}",
+                        {"queue": name, "opens_at": opens},
+                    )
+                    waiting.add_run(order[name], reason)
                 continue
-            line = Line(queue=queue, jobs=jobs, values=values, ids=ids)
+            line = Line(queue=queue, jobs=pending.jobs, values=pending.values, ids=ids)
             self.line_of[name] = line
             lines.append(line)
         return lines
+
+    def wake_at(self, at: float | None) -> None:
+        """Something gated by time (a window, a back-off) changes at ``at``."""
+        if at is None or at <= self.state.now:
+            return
+        current = self.decisions.next_wakeup
+        if current is None or at < current:
+            self.decisions.next_wakeup = at
 
     # ------------------------------------------------------------ phase 3
 
@@ -215,11 +232,11 @@ class _Cycle:
                     line.blocker, line.blocker_reason = job, reason
                 line.past_block += 1
                 self.past_block += 1
-                if (
-                    line.past_block > self.state.policy.backfill_depth
-                    or self.past_block > self.state.policy.max_examined_past_block
-                ):
+                if line.past_block > self.state.policy.backfill_depth:
                     line.done = True
+                elif self.past_block > self.state.policy.max_examined_past_block:
+                    line.done = True
+                    self.truncated = True
             if not line.done and line.index < len(line.jobs):
                 self._push(heap, i, line, shares)
 
@@ -261,15 +278,23 @@ class _Cycle:
             quota.within_nominal(line.queue.name, p, total) for p in pools if p in quota.pools
         )
 
-    def _open_pools(self, line: Line) -> list[str]:
+    def _open_pools(self, line: Line, job: PendingJob | None = None) -> list[str]:
+        """Where the queue's jobs are tried (a job naming its pools: every pool open to
+        the queue, so that one it may not use is answered with why)."""
         if line.pools is None:
-            line.pools = self.state.cluster.allowed_pools(line.queue)
+            line.allowed = self.state.cluster.allowed_pools(line.queue)
+            line.pools = preferred_pools(self.state, line.queue, line.allowed)
+        if job is not None and job.pools:
+            assert line.allowed is not None
+            return line.allowed
         return line.pools
 
     def _try(self, job: PendingJob, line: Line) -> tuple[Outcome, Reason | None]:
         queue = line.queue
-        gate, klass, pools = self.gates.check(job, line.queue, self._open_pools(line))
+        gate, klass, pools = self.gates.check(job, line.queue, self._open_pools(line, job))
         if gate is not None or klass is None:
+            if job.not_before is not None:
+                self.wake_at(job.not_before)
             return Outcome.GATED, gate
         state = self.state
         total = job.total()
@@ -324,6 +349,7 @@ class _Cycle:
                 if tried in self.no_victims:
                     continue
                 if self.searches >= state.policy.preemption_searches:
+                    self.truncated = True
                     break
                 self.searches += 1
                 plan = find_victims(state, job, queue, pool, klass, self.taken, claims)
@@ -449,6 +475,18 @@ class _Cycle:
             waiting.add_run(tail, reason)
 
 
+def preferred_pools(state: CycleState, queue: Queue, allowed: list[str]) -> list[str]:
+    """The pools a queue's jobs are tried in: those where it has a guaranteed (nominal)
+    quota first, so a job uses its own guarantee before it borrows; without borrowing,
+    only the pools where it names a quota (it may use nothing elsewhere), unless it
+    names none (then every open pool, so that its jobs are told why they wait)."""
+    named = [p for p in allowed if p in queue.nominal]
+    if not state.policy.borrowing:
+        return named or allowed
+    guaranteed = [p for p in named if any(queue.nominal[p].as_dict().values())]
+    return guaranteed + [p for p in allowed if p not in guaranteed]
+
+
 def _job_shape(job: PendingJob) -> tuple[object, ...]:
     return tuple((g.count, shape_of(g.resources)) for g in job.replicas)
 
@@ -457,20 +495,36 @@ def _quota_reason(check: QuotaCheck, pool: str, leaf: str) -> Reason:
     return Reason(ReasonCode.QUOTA_EXHAUSTED, check.message(pool, leaf), check.detail(pool))
 
 
-def schedule_once(snapshot: Snapshot) -> Decisions:
-    """Decide, for every pending job, admit (with placement and borrowed part), preempt
-    (with victims and cause) or wait (with a reason). Pure and deterministic."""
-    state = CycleState(snapshot)  # 1. state
-    decisions = Decisions(now=snapshot.now)
-    cycle = _Cycle(snapshot=snapshot, state=state, decisions=decisions)
-    lines = cycle.lines()  # 2. lines
+def run_cycle(
+    state: CycleState,
+    queues: Mapping[str, QueueLine],
+    preemptors: Iterable[PendingJob],
+    *,
+    explain: bool = True,
+    copy_ids: bool = False,
+) -> Decisions:
+    """Phases 2 to 5 on a prepared state (phase 1); admissions stay held in ``state``."""
+    decisions = Decisions(now=state.now)
+    cycle = _Cycle(state=state, decisions=decisions, explain=explain, copy_ids=copy_ids)
+    lines = cycle.lines(queues, preemptors)  # 2. lines
     cycle.nominated()  # 3. nominated
     cycle.run(lines)  # 4. order → nominate → admit / preempt / wait
-    cycle.rest(lines)  # 5. the rest
+    if explain:
+        cycle.rest(lines)  # 5. the rest
     decisions.stats = {
         "examined": cycle.examined,
         "admitted": len(decisions.admitted),
         "preemptions": len(decisions.preemptions),
         "reservations": len(cycle.reservations.items),
+        "truncated": cycle.truncated,
     }
     return decisions
+
+
+def schedule_once(snapshot: Snapshot) -> Decisions:
+    """Decide, for every pending job, admit (with placement and borrowed part), preempt
+    (with victims and cause) or wait (with a reason). Pure and deterministic."""
+    state = CycleState.from_snapshot(snapshot)  # 1. state
+    classes = {name: c.value for name, c in snapshot.cluster.priority_classes.items()}
+    queues, preemptors = group_lines(snapshot.pending, classes)
+    return run_cycle(state, queues, preemptors)

@@ -130,6 +130,10 @@ class Decisions:
     reservations: dict[str, float] = field(default_factory=dict)
     queue_order: dict[str, list[str]] = field(default_factory=dict)
     """Each queue's pending jobs (ids) in the order the cycle considers them."""
+    next_wakeup: float | None = None
+    """The earliest later time at which a job held back by time alone (a closed time
+    window, a retry back-off) becomes eligible: run a cycle then even if nothing else
+    happens."""
     stats: dict[str, Any] = field(default_factory=dict)
 
     def position(self, job_id: str, queue: str) -> int | None:

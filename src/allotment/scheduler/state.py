@@ -7,10 +7,10 @@ and the quota tree in step and are exact inverses, so searches undo instead of c
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from allotment.domain.cluster import Cluster, PriorityClass
+from allotment.domain.cluster import Cluster, Node, PriorityClass
 from allotment.scheduler.placement import Placer
 from allotment.scheduler.quota import QuotaTree
 from allotment.scheduler.snapshot import ReplicaPlacement, RunningJob, SchedulerPolicy, Snapshot
@@ -36,34 +36,97 @@ class Holder:
 
 
 class CycleState:
-    """Free capacity, quota usage and holders, kept consistent through one cycle."""
+    """Free capacity, quota usage and holders, kept consistent through one cycle.
 
-    def __init__(self, snapshot: Snapshot) -> None:
-        self.now = snapshot.now
-        self.cluster: Cluster = snapshot.cluster
-        self.policy: SchedulerPolicy = snapshot.policy
-        self.placer = Placer(snapshot.node_list())
+    Built whole from a snapshot (:meth:`from_snapshot`), or kept across cycles by a
+    :class:`~allotment.scheduler.session.Session`, which adds and removes running jobs
+    as they come and go and calls :meth:`begin` before each cycle.
+    """
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        policy: SchedulerPolicy,
+        nodes: Iterable[Node],
+        *,
+        now: float = 0.0,
+    ) -> None:
+        self.now = now
+        self.cluster = cluster
+        self.policy = policy
+        self.placer = Placer(nodes)
         capacity: dict[str, dict[str, int]] = {pool: {} for pool in self.cluster.pools}
         capacity.update(self.placer.pool_capacity())
         self.quota = QuotaTree(self.cluster, capacity, borrowing=self.policy.borrowing)
         self.holders: dict[str, Holder] = {}
         self.by_pool: dict[str, dict[str, Holder]] = {p: {} for p in self.quota.pools}
+        self.terminating: dict[str, Holder] = {}
         self._victim_order: dict[str, list[Holder]] = {}
+        self._fresh: list[Holder] = []
+
+    @classmethod
+    def from_snapshot(cls, snapshot: Snapshot) -> CycleState:
+        """The state at ``snapshot.now``: its nodes, with its running jobs held."""
+        state = cls(snapshot.cluster, snapshot.policy, snapshot.node_list(), now=snapshot.now)
         # Quota usage is added per queue, pool and kind at once: the tree walk is the
         # costly part, and a queue has many jobs.
         usage: dict[tuple[str, str, bool], dict[str, int]] = {}
         for job in snapshot.running:
-            holder = self._holder(job)
-            self.holders[holder.id] = holder
-            self.by_pool.setdefault(holder.pool, {})[holder.id] = holder
-            self.placer.allocate(holder.placements)
+            holder = state._holder(job)
+            state.holders[holder.id] = holder
+            state.by_pool.setdefault(holder.pool, {})[holder.id] = holder
+            if holder.terminating:
+                state.terminating[holder.id] = holder
+            state.placer.allocate(holder.placements)
             key = (holder.queue, holder.pool, holder.klass.borrow_only)
             bucket = usage.setdefault(key, {})
             for resource, amount in holder.total.items():
                 bucket[resource] = bucket.get(resource, 0) + amount
         for (queue, pool, borrow_only), total in usage.items():
-            if queue in self.cluster.queues and pool in self.by_pool:
-                self.quota.add(queue, pool, total, borrow_only=borrow_only)
+            if queue in state.cluster.queues and pool in state.by_pool:
+                state.quota.add(queue, pool, total, borrow_only=borrow_only)
+        return state
+
+    def begin(self, now: float) -> None:
+        """Start a new cycle at ``now``: last cycle's admissions become ordinary running
+        jobs (possible victims), terminating jobs are expected gone at ``now``."""
+        self.now = now
+        self._victim_order.clear()
+        for holder in self._fresh:
+            holder.fresh = False
+        self._fresh.clear()
+        for holder in self.terminating.values():
+            holder.end_bound = now
+
+    def add_running(self, job: RunningJob) -> Holder:
+        """Hold a running job's allocation (it must not be held already)."""
+        if job.id in self.holders:
+            raise ValueError(f"job {job.id} already holds resources")
+        holder = self._holder(job)
+        self.hold(holder)
+        if holder.terminating:
+            self.terminating[holder.id] = holder
+        return holder
+
+    def remove_running(self, job_id: str) -> Holder | None:
+        """Release a running job's allocation; None if it held nothing."""
+        holder = self.holders.get(job_id)
+        if holder is None:
+            return None
+        self.unhold(holder)
+        self.terminating.pop(job_id, None)
+        return holder
+
+    def mark_terminating(self, job_id: str) -> bool:
+        """A running job is being stopped; it holds its resources until it is gone."""
+        holder = self.holders.get(job_id)
+        if holder is None:
+            return False
+        holder.terminating = True
+        holder.end_bound = self.now
+        self.terminating[job_id] = holder
+        self._victim_order.pop(holder.pool, None)
+        return True
 
     def victim_order(self, pool: str) -> list[Holder]:
         """The jobs running in ``pool`` at the start of the cycle in the order they are
@@ -124,7 +187,7 @@ class CycleState:
         total: Mapping[str, int],
         runtime: float | None,
     ) -> Holder:
-        return Holder(
+        holder = Holder(
             id=job_id,
             queue=queue,
             pool=pool,
@@ -135,3 +198,5 @@ class CycleState:
             total=dict(total),
             fresh=True,
         )
+        self._fresh.append(holder)
+        return holder

@@ -1,8 +1,8 @@
 """Trace replay: the real scheduler on a virtual clock with a simulated executor.
 
 Events are arrivals (``submit_time x time_scale``) and completions. Whenever the state
-changed at an instant ``t`` -- all events at ``t`` applied first -- the driver builds a
-:class:`Snapshot` at ``now=t`` and calls the scheduling core, then applies the decisions:
+changed at an instant ``t`` -- all events at ``t`` applied first -- the driver runs a
+scheduling cycle at ``now=t`` and applies its decisions:
 
 - ``Admit``: the job starts at ``t`` on the given placements and ends at ``t + duration``
   (``succeeded``), or is stopped at its ``max_runtime`` (``failed``, a timeout).
@@ -10,9 +10,14 @@ changed at an instant ``t`` -- all events at ``t`` applied first -- the driver b
   to pending with the same id and its original submit time; the preemptor stays pending
   and is admitted by a following cycle.
 
-Cycles at one instant repeat while they change something (a preemption frees room, a
-core that admits a bounded number per cycle gets to finish), at most
-``max_cycles_per_instant`` times. The scheduler never sees a true duration: pending jobs
+Cycles at one instant repeat while a cycle preempted (the freed room goes to the
+preemptor) or stopped short at a per-cycle bound (a scheduler function: while it
+changes anything), at most ``max_cycles_per_instant`` times. The real core runs as a
+:class:`~allotment.scheduler.session.Session`, which keeps free capacity, quota usage and
+each queue's order between cycles (the same decisions as ``schedule_once`` on the
+equivalent snapshot, at a fraction of the cost); a scheduler given as a function of a
+snapshot (tests, experiments) is called with whole snapshots.
+The scheduler never sees a true duration: pending jobs
 carry ``expected_runtime=None`` and running ones ``expected_end=None``, unless the policy
 is an ``oracle``. The replay ends after the last event; jobs still pending then are
 ``unfinished``.
@@ -29,13 +34,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from allotment.domain.cluster import Cluster, Queue
-from allotment.domain.durations import next_window_open
+from allotment.domain.cluster import Cluster
 from allotment.domain.errors import AllotmentError
-from allotment.domain.reasons import ReasonCode
 from allotment.domain.resources import CPU, GPU, MEMORY
-from allotment.scheduler.cycle import schedule_once
 from allotment.scheduler.decisions import Admit, Decisions
+from allotment.scheduler.session import Session
 from allotment.scheduler.snapshot import (
     PendingJob,
     ReplicaRequest,
@@ -46,7 +49,7 @@ from allotment.scheduler.snapshot import (
 from allotment.sim.trace import TraceJob
 
 Scheduler = Callable[[Snapshot], Decisions]
-"""``schedule_once``: a pure function from a snapshot to decisions."""
+"""A function from a snapshot to decisions, e.g. ``schedule_once``."""
 
 SUCCEEDED = "succeeded"
 FAILED = "failed"
@@ -61,9 +64,49 @@ class ReplayError(AllotmentError):
     code = "replay_error"
 
 
-def default_scheduler() -> Scheduler:
-    """The real core, :func:`allotment.scheduler.cycle.schedule_once`."""
-    return schedule_once
+def default_scheduler() -> Scheduler | None:
+    """None: the real core, run incrementally as a :class:`Session`."""
+    return None
+
+
+class _SnapshotCore:
+    """A :class:`Session`-shaped adapter around a snapshot function: the whole pending
+    and running sets are handed to ``schedule`` every cycle."""
+
+    def __init__(self, cluster: Cluster, policy: SchedulerPolicy, schedule: Scheduler) -> None:
+        self.cluster = cluster
+        self.policy = policy
+        self.schedule = schedule
+        self.pending: dict[str, PendingJob] = {}
+        self.running: dict[str, RunningJob] = {}
+
+    @property
+    def pending_count(self) -> int:
+        return len(self.pending)
+
+    def submit(self, job: PendingJob) -> None:
+        self.pending[job.id] = job
+
+    def gone(self, job_id: str) -> RunningJob | None:
+        return self.running.pop(job_id, None)
+
+    def cycle(self, now: float, *, explain: bool = True) -> Decisions:
+        decisions = self.schedule(
+            Snapshot(
+                now=now,
+                cluster=self.cluster,
+                pending=list(self.pending.values()),
+                running=list(self.running.values()),
+                policy=self.policy,
+            )
+        )
+        for admit in decisions.admitted:
+            job = self.pending.pop(admit.job, None)
+            if job is None:
+                state = "running" if admit.job in self.running else "not pending"
+                raise ReplayError(f"the scheduler admitted job {admit.job}, which is {state}")
+            self.running[job.id] = admit.running(job, at=now)
+        return decisions
 
 
 @dataclass(slots=True, kw_only=True)
@@ -198,13 +241,18 @@ class Replay:
         self.nodes = {name: node for name, node in cluster.nodes.items() if node.healthy}
         self.capacity = {name: node.capacity.as_dict() for name, node in self.nodes.items()}
         self.used: dict[str, dict[str, int]] = {name: {} for name in self.nodes}
-        self.pending: dict[str, PendingJob] = {}
         self.requests: dict[str, PendingJob] = {}
         self.running: dict[str, _Run] = {}
         self.attempts: list[Attempt] = []
         self.completions: list[tuple[float, int, str, int]] = []
         self.wakeups: list[float] = []
         self._wakeup_set: set[float] = set()
+        schedule = scheduler if scheduler is not None else default_scheduler()
+        self.core: Session | _SnapshotCore = (
+            Session(cluster, policy)
+            if schedule is None
+            else _SnapshotCore(cluster, policy, schedule)
+        )
         self._seq = 0
         self.cycles = 0
         self.preemptions = 0
@@ -214,7 +262,7 @@ class Replay:
 
     def run(self) -> ReplayResult:
         started = time.perf_counter()
-        schedule = self.scheduler or default_scheduler()
+        core = self.core
         arrivals = self.arrivals
         index = 0
         while True:
@@ -238,10 +286,11 @@ class Replay:
             while self.wakeups and self.wakeups[0] <= now:
                 self._wakeup_set.discard(heapq.heappop(self.wakeups))
                 changed = True
-            if changed and self.pending:
-                self._settle(now, schedule)
-        for job_id in list(self.pending):
-            self._unfinished(job_id)
+            if changed and core.pending_count:
+                self._settle(now)
+        for job_id in list(self.requests):
+            if job_id not in self.running and self.results[job_id].outcome == UNFINISHED:
+                self._unfinished(job_id)
         jobs = [self.results[job_id] for _, _, job_id in sorted(arrivals, key=lambda a: a[1])]
         return ReplayResult(
             policy=self.policy,
@@ -254,49 +303,38 @@ class Replay:
             wall_s=time.perf_counter() - started,
         )
 
-    def _settle(self, now: float, schedule: Scheduler) -> None:
-        decisions: Decisions | None = None
+    def _settle(self, now: float) -> None:
+        core = self.core
         for _ in range(self.max_cycles_per_instant):
-            snapshot = Snapshot(
-                now=now,
-                cluster=self.cluster,
-                pending=list(self.pending.values()),
-                running=[run.running for run in self.running.values()],
-                policy=self.policy,
-            )
             began = time.perf_counter()
-            decisions = schedule(snapshot)
+            decisions = core.cycle(now, explain=False)
             self.scheduler_s += time.perf_counter() - began
             self.cycles += 1
-            if not self._apply(decisions, now) or not self.pending:
+            preempted = False
+            for preempt in decisions.preemptions:
+                for victim in preempt.victims:
+                    preempted = self._preempt(victim.job, now) or preempted
+            for admit in decisions.admitted:
+                self._start(admit, now)
+            if decisions.next_wakeup is not None:
+                self._wake_at(decisions.next_wakeup)
+            # The real core admits everything it can in one cycle; it may do more at the
+            # same instant only after a preemption or when it stopped at a bound. A
+            # scheduler function is asked again while it admits anything.
+            again = (
+                preempted
+                or bool(decisions.stats.get("truncated"))
+                or (isinstance(core, _SnapshotCore) and bool(decisions.admitted))
+            )
+            if not again or not core.pending_count:
                 break
-        if decisions is not None and self.pending:
-            self._plan_wakeups(decisions, now)
 
-    def _apply(self, decisions: Decisions, now: float) -> bool:
-        progress = False
-        for preempt in decisions.preemptions:
-            for victim in preempt.victims:
-                progress = self._preempt(victim.job, now) or progress
-        for admit in decisions.admitted:
-            self._start(admit, now)
-            progress = True
-        return progress
-
-    def _plan_wakeups(self, decisions: Decisions, now: float) -> None:
-        """Jobs held back by a time window need a cycle when it opens: no event says so."""
-        seen: set[str] = set()
-        for job_id, reason in decisions.waiting.items():
-            if reason.code is not ReasonCode.OUTSIDE_TIME_WINDOW:
-                continue
-            job = self.pending.get(job_id)
-            if job is None or job.queue in seen:
-                continue
-            seen.add(job.queue)
-            at = _next_opening(self.cluster.queues[job.queue], now)
-            if at is not None and at > now and at not in self._wakeup_set:
-                self._wakeup_set.add(at)
-                heapq.heappush(self.wakeups, at)
+    def _wake_at(self, at: float) -> None:
+        """Jobs held back by time alone (a time window) need a cycle when it opens: no
+        event says so."""
+        if at not in self._wakeup_set:
+            self._wakeup_set.add(at)
+            heapq.heappush(self.wakeups, at)
 
     # -- the simulated executor -------------------------------------------------------
 
@@ -309,11 +347,11 @@ class Replay:
             oracle=self.policy.oracle,
         )
         self.requests[job_id] = job
-        self.pending[job_id] = job
+        self.core.submit(job)
 
     def _start(self, admit: Admit, now: float) -> None:
-        job = self.pending.pop(admit.job, None)
-        if job is None:
+        job = self.requests.get(admit.job)
+        if job is None or admit.job in self.running:
             state = "running" if admit.job in self.running else "not pending"
             raise ReplayError(f"the scheduler admitted job {admit.job}, which is {state}")
         if len(admit.placements) != job.replica_count:
@@ -348,7 +386,7 @@ class Replay:
         if trace.max_runtime is not None and trace.duration > trace.max_runtime:
             runtime, outcome = trace.max_runtime, FAILED
         # The scheduler saw an expected runtime only under an oracle policy.
-        running = admit.running(job, at=now)
+        running = self.core.running[job.id]
         self.running[job.id] = _Run(
             running=running,
             attempt=result.attempts,
@@ -390,6 +428,7 @@ class Replay:
         if run is None or run.attempt != attempt:
             return False
         del self.running[job_id]
+        self.core.gone(job_id)
         self._release(run)
         self._record(job_id, run, now, run.outcome)
         result = self.results[job_id]
@@ -401,12 +440,13 @@ class Replay:
         run = self.running.pop(job_id, None)
         if run is None:
             return False
+        self.core.gone(job_id)
         self._release(run)
         self._record(job_id, run, now, PREEMPTED)
         result = self.results[job_id]
         result.preempted += 1
         self.preemptions += 1
-        self.pending[job_id] = self.requests[job_id]
+        self.core.submit(self.requests[job_id])
         return True
 
     def _unfinished(self, job_id: str) -> None:
@@ -427,20 +467,6 @@ class Replay:
         )
         result.outcome = UNFINISHED
         result.end = None
-
-
-def _next_opening(queue: Queue, now: float) -> float | None:
-    """When ``queue`` and all its ancestors are next open (approximately: the latest of
-    their next openings), or None if that cannot be known."""
-    latest: float | None = None
-    for node in (queue, *queue.ancestors()):
-        if not node.time_windows:
-            continue
-        at = next_window_open(node.time_windows, now)
-        if at is None:
-            return None
-        latest = at if latest is None else max(latest, at)
-    return latest
 
 
 def replay(

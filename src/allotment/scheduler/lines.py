@@ -1,0 +1,123 @@
+"""Each queue's pending jobs in the order a cycle considers them (R2.2).
+
+Higher priority class first, then earlier submit time, then arrival order. A
+:class:`QueueLine` is built whole for one snapshot (:func:`group_lines`), or kept sorted
+across cycles by a :class:`~allotment.scheduler.session.Session` (:class:`SortedLine`),
+so that a long backlog is not sorted again every cycle.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterable, Mapping
+
+from allotment.scheduler import ordering
+from allotment.scheduler.snapshot import PendingJob
+
+
+class QueueLine:
+    """One queue's pending jobs in order, with their class values and ids alongside."""
+
+    __slots__ = ("ids", "jobs", "values")
+
+    def __init__(
+        self,
+        jobs: list[PendingJob] | None = None,
+        values: list[int] | None = None,
+        ids: list[str] | None = None,
+    ) -> None:
+        self.jobs: list[PendingJob] = jobs if jobs is not None else []
+        self.values: list[int] = values if values is not None else []
+        self.ids: list[str] = ids if ids is not None else [j.id for j in self.jobs]
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+
+def group_lines(
+    pending: Iterable[PendingJob], classes: Mapping[str, int]
+) -> tuple[dict[str, QueueLine], list[PendingJob]]:
+    """The lines of a snapshot's pending jobs (ties keep the snapshot's order), and the
+    jobs that already preempted victims (nominated)."""
+    grouped: dict[str, list[PendingJob]] = {}
+    preemptors: list[PendingJob] = []
+    for job in pending:
+        bucket = grouped.get(job.queue)
+        if bucket is None:
+            grouped[job.queue] = [job]
+        else:
+            bucket.append(job)
+        if job.preempting:
+            preemptors.append(job)
+    lines = {}
+    for name, jobs in grouped.items():
+        values = ordering.sort_within_queue(jobs, classes)
+        lines[name] = QueueLine(jobs, values)
+    return lines, preemptors
+
+
+class SortedLine(QueueLine):
+    """A line kept in order as jobs arrive and leave: binary search on each job's key
+    (minus class value, submit time, arrival number)."""
+
+    __slots__ = ("_key_of", "keys")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.keys: list[tuple[int, float, int]] = []
+        self._key_of: dict[str, tuple[int, float, int]] = {}
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._key_of
+
+    def add(self, job: PendingJob, value: int, arrival: int) -> None:
+        key = (-value, job.submit_time, arrival)
+        keys = self.keys
+        index = len(keys) if not keys or key > keys[-1] else bisect_left(keys, key)
+        keys.insert(index, key)
+        self.jobs.insert(index, job)
+        self.values.insert(index, value)
+        self.ids.insert(index, job.id)
+        self._key_of[job.id] = key
+
+    def _index(self, job_id: str) -> int | None:
+        key = self._key_of.get(job_id)
+        if key is None:
+            return None
+        return bisect_left(self.keys, key)
+
+    def get(self, job_id: str) -> PendingJob | None:
+        index = self._index(job_id)
+        return None if index is None else self.jobs[index]
+
+    def remove(self, job_id: str) -> PendingJob | None:
+        index = self._index(job_id)
+        if index is None:
+            return None
+        del self._key_of[job_id]
+        del self.keys[index], self.values[index], self.ids[index]
+        return self.jobs.pop(index)
+
+    def remove_many(self, job_ids: Iterable[str]) -> list[PendingJob]:
+        """Remove several jobs at once (one pass when they are many)."""
+        gone = {j for j in job_ids if j in self._key_of}
+        if len(gone) <= 8:
+            return [job for j in gone if (job := self.remove(j)) is not None]
+        removed: list[PendingJob] = []
+        keep = [i for i, job_id in enumerate(self.ids) if job_id not in gone]
+        removed = [self.jobs[i] for i, job_id in enumerate(self.ids) if job_id in gone]
+        self.keys = [self.keys[i] for i in keep]
+        self.jobs = [self.jobs[i] for i in keep]
+        self.values = [self.values[i] for i in keep]
+        self.ids = [self.ids[i] for i in keep]
+        for job_id in gone:
+            del self._key_of[job_id]
+        return removed
+
+    def replace(self, job: PendingJob) -> bool:
+        """Put ``job`` in the place of the job with its id (same key); False if absent."""
+        index = self._index(job.id)
+        if index is None:
+            return False
+        self.jobs[index] = job
+        return True

@@ -1,0 +1,200 @@
+"""A scheduler that keeps its state between cycles.
+
+:func:`~allotment.scheduler.cycle.schedule_once` rebuilds free capacity, quota usage and
+every queue's order from a whole snapshot. That is the reference, and it costs time
+proportional to the fleet and the backlog on every cycle. A :class:`Session` holds the
+same state and is told what changed -- a job submitted, withdrawn, started elsewhere,
+being stopped, gone -- so a cycle costs only what it looks at. The decisions are made by
+the same code; the session stays pure (no clock, no I/O): ``now`` is an argument.
+
+After :meth:`Session.cycle`, admitted jobs are running in the session (their resources
+held); victims of preemption are untouched: the caller reports them with
+:meth:`Session.stopping` and :meth:`Session.gone` as they stop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
+
+from allotment.domain.cluster import Cluster, Node
+from allotment.scheduler.cycle import run_cycle
+from allotment.scheduler.decisions import Decisions
+from allotment.scheduler.lines import SortedLine
+from allotment.scheduler.ordering import UNKNOWN_VALUE
+from allotment.scheduler.snapshot import PendingJob, RunningJob, SchedulerPolicy, Snapshot
+from allotment.scheduler.state import CycleState
+
+
+class Session:
+    """Pending lines, running allocations and quota usage, kept across cycles."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        policy: SchedulerPolicy | None = None,
+        *,
+        nodes: Sequence[Node] | None = None,
+        now: float = 0.0,
+    ) -> None:
+        self.cluster = cluster
+        self.policy = policy or SchedulerPolicy()
+        node_list = list(cluster.nodes.values()) if nodes is None else list(nodes)
+        self.nodes = node_list
+        self.state = CycleState(cluster, self.policy, node_list, now=now)
+        self.running: dict[str, RunningJob] = {}
+        self._lines: dict[str, SortedLine] = {}
+        self._queue_of: dict[str, str] = {}
+        self._preemptors: dict[str, PendingJob] = {}
+        self._classes = {name: c.value for name, c in cluster.priority_classes.items()}
+        self._arrivals = 0
+
+    @classmethod
+    def from_snapshot(cls, snapshot: Snapshot) -> Session:
+        """A session holding exactly what ``snapshot`` holds."""
+        session = cls(
+            snapshot.cluster, snapshot.policy, nodes=snapshot.node_list(), now=snapshot.now
+        )
+        for job in snapshot.running:
+            session.started(job)
+        for pending in snapshot.pending:
+            session.submit(pending)
+        return session
+
+    # ------------------------------------------------------------------ pending
+
+    def submit(self, job: PendingJob) -> None:
+        """A job joins its queue's line (after every job of its class submitted no
+        later). Its id must be new to the session."""
+        if job.id in self._queue_of or job.id in self.running:
+            raise ValueError(f"job {job.id} is already known to the session")
+        line = self._lines.get(job.queue)
+        if line is None:
+            line = self._lines[job.queue] = SortedLine()
+        self._arrivals += 1
+        line.add(job, self._classes.get(job.priority_class, UNKNOWN_VALUE), self._arrivals)
+        self._queue_of[job.id] = job.queue
+        if job.preempting:
+            self._preemptors[job.id] = job
+
+    def withdraw(self, job_id: str) -> PendingJob | None:
+        """A pending job leaves (cancelled); None if it is not pending."""
+        queue = self._queue_of.pop(job_id, None)
+        if queue is None:
+            return None
+        self._preemptors.pop(job_id, None)
+        return self._lines[queue].remove(job_id)
+
+    def update(self, job: PendingJob) -> None:
+        """Replace a pending job (same id), e.g. with its ``preempting`` victims set;
+        it keeps its place unless its class or submit time changed."""
+        queue = self._queue_of.get(job.id)
+        if queue is None:
+            raise KeyError(job.id)
+        line = self._lines[queue]
+        old = line.get(job.id)
+        assert old is not None
+        if (
+            queue == job.queue
+            and old.priority_class == job.priority_class
+            and old.submit_time == job.submit_time
+        ):
+            line.replace(job)
+            if job.preempting:
+                self._preemptors[job.id] = job
+            else:
+                self._preemptors.pop(job.id, None)
+            return
+        self.withdraw(job.id)
+        self.submit(job)
+
+    def pending(self) -> Iterator[PendingJob]:
+        """Every pending job, queue by queue in line order."""
+        for line in self._lines.values():
+            yield from line.jobs
+
+    def pending_job(self, job_id: str) -> PendingJob | None:
+        queue = self._queue_of.get(job_id)
+        return None if queue is None else self._lines[queue].get(job_id)
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._queue_of)
+
+    def line(self, queue: str) -> Sequence[PendingJob]:
+        """The pending jobs of ``queue`` in the order they are considered (read only)."""
+        line = self._lines.get(queue)
+        return () if line is None else line.jobs
+
+    # ------------------------------------------------------------------ running
+
+    def started(self, job: RunningJob) -> None:
+        """A job holds an allocation that the session did not decide (e.g. restored
+        after a restart). It must not be pending or running already."""
+        if job.id in self._queue_of:
+            raise ValueError(f"job {job.id} is pending; it cannot also be running")
+        self.state.add_running(job)
+        self.running[job.id] = job
+
+    def stopping(self, job_id: str) -> bool:
+        """A running job is being stopped; it holds its resources until :meth:`gone`."""
+        job = self.running.get(job_id)
+        if job is None:
+            return False
+        self.running[job_id] = replace(job, terminating=True)
+        return self.state.mark_terminating(job_id)
+
+    def gone(self, job_id: str) -> RunningJob | None:
+        """A running job ended (or was stopped): its resources are free."""
+        job = self.running.pop(job_id, None)
+        if job is not None:
+            self.state.remove_running(job_id)
+        return job
+
+    # ------------------------------------------------------------------ cycles
+
+    def cycle(self, now: float, *, explain: bool = True) -> Decisions:
+        """One scheduling cycle at ``now``, on the session's state. Admitted jobs leave
+        their lines and run from then on. With ``explain`` off, only jobs the cycle
+        looked at get a reason and ``queue_order`` stays empty (cheaper)."""
+        if now < self.state.now:
+            raise ValueError(f"time went backwards: {now} < {self.state.now}")
+        self.state.begin(now)
+        decisions = run_cycle(
+            self.state,
+            self._lines,
+            list(self._preemptors.values()),
+            explain=explain,
+            copy_ids=True,
+        )
+        by_queue: dict[str, list[str]] = {}
+        for admit in decisions.admitted:
+            queue = self._queue_of.pop(admit.job)
+            by_queue.setdefault(queue, []).append(admit.job)
+            self._preemptors.pop(admit.job, None)
+        jobs: dict[str, PendingJob] = {}
+        for queue, ids in by_queue.items():
+            for job in self._lines[queue].remove_many(ids):
+                jobs[job.id] = job
+        for admit in decisions.admitted:
+            self.running[admit.job] = admit.running(jobs[admit.job], at=now)
+        return decisions
+
+    def snapshot(self, now: float | None = None) -> Snapshot:
+        """The equivalent snapshot (for :func:`schedule_once`, estimates, tests)."""
+        ordered = sorted(
+            ((key[2], job) for line in self._lines.values() for key, job in _keyed(line)),
+            key=lambda pair: pair[0],
+        )
+        return Snapshot(
+            now=self.state.now if now is None else now,
+            cluster=self.cluster,
+            pending=[job for _, job in ordered],
+            running=list(self.running.values()),
+            nodes=list(self.nodes),
+            policy=self.policy,
+        )
+
+
+def _keyed(line: SortedLine) -> Iterable[tuple[tuple[int, float, int], PendingJob]]:
+    return zip(line.keys, line.jobs, strict=True)

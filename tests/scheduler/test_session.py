@@ -1,0 +1,203 @@
+"""The incremental scheduler (:class:`Session`) against the reference, ``schedule_once``.
+
+1. A session built from a snapshot decides exactly what ``schedule_once`` decides.
+2. After any sequence of submissions, cycles, completions, cancellations and
+   preemptions, the state a session keeps (free capacity per node and device, quota
+   usage and demand, each queue's order) equals the state rebuilt from its snapshot,
+   and its decisions keep every invariant the reference keeps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from allotment.scheduler.cycle import schedule_once
+from allotment.scheduler.decisions import Decisions
+from allotment.scheduler.lines import group_lines
+from allotment.scheduler.session import Session
+from allotment.scheduler.snapshot import PendingJob, Snapshot
+from allotment.scheduler.state import CycleState
+from tests.scheduler.builders import NOW, ClusterBuilder, job, running
+from tests.scheduler.test_properties import (
+    Limits,
+    World,
+    check_gangs,
+    check_no_overcommit,
+    check_outcomes,
+    check_quota,
+    check_victims,
+    job_streams,
+    worlds,
+)
+
+SETTINGS = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+@SETTINGS
+@given(worlds())
+def test_a_session_decides_what_schedule_once_decides(world: World) -> None:
+    snapshot = world.snapshot()
+    expected = schedule_once(snapshot)
+    got = Session.from_snapshot(snapshot).cycle(snapshot.now)
+    assert got == expected
+
+
+def _nonzero(amounts: dict[str, int]) -> dict[str, int]:
+    return {k: v for k, v in amounts.items() if v}
+
+
+def assert_same_state(session: Session) -> None:
+    """What the session keeps equals what a snapshot rebuilds."""
+    snapshot = session.snapshot()
+    fresh = CycleState.from_snapshot(snapshot)
+    kept = session.state
+    assert set(kept.holders) == set(fresh.holders)
+    for name, node in fresh.placer.nodes.items():
+        mine = kept.placer.nodes[name]
+        assert _nonzero(mine.free) == _nonzero(node.free), name
+        assert mine.device_free == node.device_free, name
+        assert mine.whole_free == node.whole_free, name
+    for key, usage in fresh.quota._usage.items():
+        assert _nonzero(kept.quota._usage[key]) == _nonzero(usage), key
+    for key, demand in fresh.quota._demand.items():
+        assert _nonzero(kept.quota._demand[key]) == _nonzero(demand), key
+    classes = {name: c.value for name, c in session.cluster.priority_classes.items()}
+    lines, _ = group_lines(snapshot.pending, classes)
+    for queue, line in lines.items():
+        assert [j.id for j in session.line(queue)] == line.ids, queue
+
+
+def check_all(before: Snapshot, decisions: Decisions, limits: dict[str, Limits]) -> None:
+    """The reference's invariants, on a session's cycle from the state ``before``."""
+    world = World(
+        cluster=before.cluster,
+        nodes=list(before.node_list()),
+        running=list(before.running),
+        pending=list(before.pending),
+        policy=before.policy,
+        limits=limits,
+    )
+    check_no_overcommit(world, decisions)
+    check_gangs(world, decisions)
+    check_outcomes(world, decisions)
+    check_victims(world, decisions)
+    check_quota(world, decisions)
+
+
+@SETTINGS
+@given(worlds(), st.data())
+def test_a_session_keeps_the_state_a_snapshot_rebuilds(world: World, data: st.DataObject) -> None:
+    session = Session.from_snapshot(world.snapshot())
+    leaves = sorted(q.name for q in world.cluster.leaves)
+    pools = sorted(world.cluster.pools)
+    now = NOW
+    for step in range(data.draw(st.integers(1, 5), label="steps")):
+        before = session.snapshot(now)
+        decisions = session.cycle(now)
+        check_all(before, decisions, world.limits)
+        assert_same_state(session)
+        # The world moves on: victims stop (some still stopping), jobs end or are
+        # cancelled, new jobs arrive.
+        for preempt in decisions.preemptions:
+            still = data.draw(st.booleans(), label="still stopping")
+            for victim in preempt.victims:
+                if still:
+                    session.stopping(victim.job)
+                else:
+                    session.gone(victim.job)
+            if still:
+                pending = session.pending_job(preempt.job)
+                assert pending is not None
+                session.update(replace(pending, preempting=tuple(v.job for v in preempt.victims)))
+        for job_id in sorted(session.running):
+            if data.draw(st.integers(0, 3), label="ends") == 0:
+                session.gone(job_id)
+        pending_ids = sorted(j.id for j in session.pending())
+        for job_id in pending_ids:
+            if data.draw(st.integers(0, 7), label="cancelled") == 0:
+                assert session.withdraw(job_id) is not None
+        for new in data.draw(job_streams(f"s{step}-", leaves, pools, max_jobs=6)):
+            session.submit(replace(new, submit_time=now + data.draw(st.integers(0, 60))))
+        # Preemptors whose victims are all gone compete afresh.
+        for pending in list(session.pending()):
+            if pending.preempting and not any(v in session.running for v in pending.preempting):
+                session.update(replace(pending, preempting=()))
+        assert_same_state(session)
+        now += data.draw(st.sampled_from([0.0, 1.0, 600.0]), label="dt")
+
+
+def _cluster() -> ClusterBuilder:
+    return (
+        ClusterBuilder()
+        .pool("a100", nodes=2, gpu=8)
+        .leaf("team-a", quota={"a100": {"gpu": 8}})
+        .leaf("team-b", quota={"a100": {"gpu": 8}})
+    )
+
+
+def test_admitted_jobs_run_in_the_session_until_they_are_gone() -> None:
+    cluster = _cluster().build()
+    session = Session(cluster)
+    session.submit(job("a", "team-a", gpu=8))
+    session.submit(job("b", "team-a", gpu=8))
+    session.submit(job("c", "team-a", gpu=8, submit=NOW + 1))
+    first = session.cycle(NOW)
+    assert [a.job for a in first.admitted] == ["a", "b"]  # b borrows team-b's idle share
+    assert set(session.running) == {"a", "b"}
+    assert [j.id for j in session.pending()] == ["c"]
+    assert session.cycle(NOW + 1).admitted == []
+    session.gone("a")
+    assert [a.job for a in session.cycle(NOW + 2).admitted] == ["c"]
+    assert session.pending_count == 0
+
+
+def test_unknown_and_duplicate_ids_are_refused() -> None:
+    session = Session(_cluster().build())
+    session.submit(job("a", "team-a", gpu=1))
+    with pytest.raises(ValueError, match="already known"):
+        session.submit(job("a", "team-a", gpu=1))
+    with pytest.raises(ValueError, match="pending"):
+        session.started(running("a", "team-a", "a100-00"))
+    assert session.withdraw("nope") is None
+    assert session.gone("nope") is None
+    with pytest.raises(ValueError, match="backwards"):
+        session.cycle(NOW)
+        session.cycle(NOW - 1)
+
+
+def test_a_terminating_job_holds_its_resources_until_gone() -> None:
+    session = Session(_cluster().build())
+    session.started(running("r", "team-b", {"a100-00": 8, "a100-01": 8}))
+    session.submit(job("a", "team-a", gpu=8))
+    decisions = session.cycle(NOW)
+    assert [v.job for p in decisions.preemptions for v in p.victims] == ["r"]
+    session.stopping("r")
+    pending = session.pending_job("a")
+    assert isinstance(pending, PendingJob)
+    session.update(replace(pending, preempting=("r",)))
+    held = session.cycle(NOW + 1)
+    assert held.admitted == [] and held.waiting["a"].code.value == "waiting_for_preemption"
+    session.gone("r")
+    session.update(replace(pending, preempting=()))
+    assert [a.job for a in session.cycle(NOW + 2).admitted] == ["a"]
+
+
+def test_explain_off_skips_the_reasons_of_jobs_not_looked_at() -> None:
+    session = Session(_cluster().build())
+    for i in range(5):
+        session.submit(job(f"j{i}", "team-a", gpu=8, submit=NOW + i))
+    quiet = session.cycle(NOW + 10, explain=False)
+    assert [a.job for a in quiet.admitted] == ["j0", "j1"]
+    assert quiet.queue_order == {}
+    assert "j4" not in quiet.waiting
+    loud = session.cycle(NOW + 11)
+    assert set(loud.waiting) == {"j2", "j3", "j4"}
+    assert loud.queue_order == {"team-a": ["j2", "j3", "j4"]}
