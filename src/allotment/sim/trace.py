@@ -63,11 +63,24 @@ class TraceJob:
     cpu: int | None = None
     memory: int | None = None
     pool: str | None = None
+    """The one pool the job must run in; ``None`` when it may run in several or any."""
+    pools: tuple[str, ...] = ()
+    """The pools the job may run in, any of them; empty: any pool open to its queue.
+    ``pool=X`` alone gives ``pools=(X,)``, and ``pools`` of one gives that ``pool``."""
     priority_class: str | None = None
     type: JobType = JobType.TRAINING
     max_runtime: float | None = None
     line: int | None = None
     """Where it was read from, for messages."""
+
+    def __post_init__(self) -> None:
+        if self.pool is not None:
+            if not self.pools:
+                object.__setattr__(self, "pools", (self.pool,))
+            elif self.pools != (self.pool,):
+                raise ValueError(f"pool {self.pool!r} and pools {self.pools!r} disagree")
+        elif len(self.pools) == 1:
+            object.__setattr__(self, "pool", self.pools[0])
 
     @property
     def total_gpus(self) -> int:
@@ -233,8 +246,8 @@ def read_trace(path: str | Path) -> list[TraceJob]:
 
 def check_trace(jobs: Iterable[TraceJob], cluster: Cluster, *, source: str | None = None) -> None:
     """Raise :class:`TraceError` for the first job the cluster cannot accept: an unknown or
-    non-leaf queue (listing the leaves), a pool not open to its queue, a priority class
-    the queue does not allow."""
+    non-leaf queue (listing the leaves), a pool (any of ``pools``) not open to its queue,
+    a priority class the queue does not allow."""
     leaves = ", ".join(sorted(q.name for q in cluster.leaves)) or "none declared"
     open_pools: dict[str, list[str]] = {}
     for job in jobs:
@@ -252,17 +265,18 @@ def check_trace(jobs: Iterable[TraceJob], cluster: Cluster, *, source: str | Non
                 source=source,
                 line=job.line,
             )
-        if job.pool is not None:
+        if job.pools:
             pools = open_pools.get(queue.name)
             if pools is None:
                 pools = open_pools[queue.name] = cluster.allowed_pools(queue)
-            if job.pool not in pools:
-                raise TraceError(
-                    f"job {job.job_id}: pool {job.pool!r} is not open to queue {queue.name}; "
-                    f"open pools: {', '.join(pools) or 'none'}",
-                    source=source,
-                    line=job.line,
-                )
+            for pool in job.pools:
+                if pool not in pools:
+                    raise TraceError(
+                        f"job {job.job_id}: pool {pool!r} is not open to queue {queue.name}; "
+                        f"open pools: {', '.join(pools) or 'none'}",
+                        source=source,
+                        line=job.line,
+                    )
         if cluster.priority_class_for(queue, job.priority_class) is None:
             allowed = queue.spec.priority_classes or sorted(cluster.priority_classes)
             raise TraceError(
