@@ -6,7 +6,7 @@ import pytest
 
 from allotment.domain.cluster import Cluster
 from allotment.domain.job import JobType
-from allotment.sim.trace import TraceError, check_trace, read_trace, read_trace_rows
+from allotment.sim.trace import TraceError, TraceJob, check_trace, read_trace, read_trace_rows
 
 HEADER = "job_id,submit_time,duration,queue,gpus,replicas,cpu,memory,pool,priority_class,type"
 GOOD = f"""{HEADER},max_runtime
@@ -133,3 +133,25 @@ def test_check_against_cluster(tiny_cluster: Cluster) -> None:
     klass = "job_id,submit_time,duration,queue,gpus,priority_class\na,0,1,team-a,1,vip\n"
     with pytest.raises(TraceError, match="priority class 'vip' is not allowed"):
         check_trace(read_trace_rows(rows(klass)), tiny_cluster, source="t.csv")
+
+
+def test_pool_and_pools_agree() -> None:
+    common = {"job_id": "j", "submit_time": 0.0, "duration": 1.0, "queue": "q", "gpus": 1}
+    assert TraceJob(**common, pool="a").pools == ("a",)
+    assert TraceJob(**common, pools=("a",)).pool == "a"
+    two = TraceJob(**common, pools=("a", "b"))
+    assert (two.pool, two.pools) == (None, ("a", "b"))
+    with pytest.raises(ValueError, match="disagree"):
+        TraceJob(**common, pool="a", pools=("a", "b"))
+
+
+def test_every_one_of_several_pools_must_be_open(tiny_cluster: Cluster) -> None:
+    job = TraceJob(
+        job_id="j", submit_time=0, duration=1, queue="team-a", gpus=1, pools=("a100",), line=7
+    )
+    check_trace([job], tiny_cluster, source="t.csv")
+    both = TraceJob(
+        job_id="j", submit_time=0, duration=1, queue="team-a", gpus=1, pools=("a100", "h100")
+    )
+    with pytest.raises(TraceError, match="job j: pool 'h100' is not open to queue team-a"):
+        check_trace([both], tiny_cluster, source="t.csv")

@@ -120,10 +120,28 @@ def check(
 
 @app.command()
 def sim(
-    trace: Annotated[str, typer.Argument(help="Trace CSV (job_id, submit_time, duration, ...).")],
+    trace: Annotated[
+        str,
+        typer.Argument(
+            help="Trace CSV: generic (job_id, submit_time, duration, ...), a Philly window "
+            "or an Alibaba openb pod list, told apart by the header."
+        ),
+    ],
     cluster_file: Annotated[
         str | None,
-        typer.Option("--file", "-f", help="Cluster file; default ./cluster.yaml."),
+        typer.Option(
+            "--file",
+            "-f",
+            help="Cluster file; default: for a Philly or Alibaba trace the cluster of its "
+            "node file, else ./cluster.yaml.",
+        ),
+    ] = None,
+    nodes: Annotated[
+        str | None,
+        typer.Option(
+            "--nodes",
+            help="Node file of a Philly or Alibaba trace; default: the one next to the trace.",
+        ),
     ] = None,
     policy: Annotated[
         list[str] | None,
@@ -156,7 +174,8 @@ def sim(
     from allotment.sim.metrics import summarize
     from allotment.sim.policies import parse_policy
     from allotment.sim.replay import Replay
-    from allotment.sim.trace import check_trace, read_trace
+    from allotment.sim.trace import check_trace
+    from allotment.sim.trace_formats import load_trace
 
     names = policy or ["default"]
     policies = [parse_policy(name) for name in names]
@@ -164,12 +183,30 @@ def sim(
         raise InvalidInput("the same policy is given twice")
     if not (time_scale >= 0 and time_scale != float("inf")):
         raise InvalidInput(f"--time-scale must be a finite number >= 0, got {time_scale}")
-    cluster_file = _cluster_path(cluster_file)
+    if cluster_file is not None and nodes is not None:
+        raise InvalidInput("give a cluster file (-f) or a node file (--nodes), not both")
+    where = None if cluster_file is None else _cluster_path(cluster_file)
     if not Path(trace).is_file():
         raise InvalidInput(f"trace {trace}: no such file", fields={"path": trace})
-    cluster = load_cluster(cluster_file)
-    jobs = read_trace(trace)
+    if nodes is not None and not Path(nodes).is_file():
+        raise InvalidInput(f"node file {nodes}: no such file", fields={"path": nodes})
+    cluster = None if where is None else load_cluster(where)
+    loaded = load_trace(trace, nodes=nodes, build_cluster=cluster is None)
+    if cluster is None and loaded.cluster is not None:
+        cluster, where = loaded.cluster, f"the cluster of {loaded.nodes_file}"
+    elif cluster is None:
+        # A generic trace, or a real one without its node file: ./cluster.yaml.
+        if loaded.format.nodes_file is not None and not Path("cluster.yaml").is_file():
+            raise InvalidInput(
+                f"no cluster for this {loaded.format.name} trace: put "
+                f"{loaded.format.nodes_file} next to it, or give --nodes FILE or -f cluster.yaml"
+            )
+        where = _cluster_path(None)
+        cluster = load_cluster(where)
+    jobs = loaded.jobs
     check_trace(jobs, cluster, source=trace)
+    if loaded.note:
+        typer.echo(f"note: {trace}: {loaded.note}", err=True)
     err = Console(stderr=True, highlight=False)
     summaries: list[dict[str, Any]] = []
     written: list[str] = []
@@ -189,7 +226,7 @@ def sim(
         _print_json(summaries)
     else:
         console = _console()
-        title = f"{trace}: {len(jobs)} jobs on {cluster_file}"
+        title = f"{trace}: {len(jobs)} jobs on {where}"
         if time_scale != 1.0:
             title += f", submit times x {time_scale:g}"
         console.print(render.comparison_table(summaries, title))

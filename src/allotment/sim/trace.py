@@ -1,4 +1,5 @@
-"""Reading workload traces for replay: the generic trace CSV of INTERFACES.md.
+"""Reading workload traces for replay: the generic trace CSV of INTERFACES.md (the real
+traces' formats are in :mod:`allotment.sim.trace_formats`).
 
 Columns: ``job_id, submit_time, duration, queue, gpus`` and optionally ``replicas, cpu,
 memory, pool, priority_class, type, max_runtime``. ``gpus``, ``cpu`` and ``memory`` are
@@ -63,11 +64,24 @@ class TraceJob:
     cpu: int | None = None
     memory: int | None = None
     pool: str | None = None
+    """The one pool the job must run in; ``None`` when it may run in several or any."""
+    pools: tuple[str, ...] = ()
+    """The pools the job may run in, any of them; empty: any pool open to its queue.
+    ``pool=X`` alone gives ``pools=(X,)``, and ``pools`` of one gives that ``pool``."""
     priority_class: str | None = None
     type: JobType = JobType.TRAINING
     max_runtime: float | None = None
     line: int | None = None
     """Where it was read from, for messages."""
+
+    def __post_init__(self) -> None:
+        if self.pool is not None:
+            if not self.pools:
+                object.__setattr__(self, "pools", (self.pool,))
+            elif self.pools != (self.pool,):
+                raise ValueError(f"pool {self.pool!r} and pools {self.pools!r} disagree")
+        elif len(self.pools) == 1:
+            object.__setattr__(self, "pool", self.pools[0])
 
     @property
     def total_gpus(self) -> int:
@@ -75,7 +89,9 @@ class TraceJob:
         return self.gpus * self.replicas
 
 
-def _seconds(value: str, column: str, *, allow_units: bool = False) -> float:
+def parse_seconds(value: str, column: str, *, allow_units: bool = False) -> float:
+    """A cell of seconds: a finite number >= 0 (``allow_units``: also ``2h``, ``90m``).
+    Raises ValueError naming ``column``."""
     text = value.strip()
     try:
         seconds = float(text)
@@ -139,13 +155,13 @@ def _row(cells: dict[str, str], line: int) -> TraceJob:
     max_runtime = get("max_runtime")
     max_runtime_s = None
     if max_runtime is not None:
-        max_runtime_s = _seconds(max_runtime, "max_runtime", allow_units=True)
+        max_runtime_s = parse_seconds(max_runtime, "max_runtime", allow_units=True)
         if max_runtime_s <= 0:
             raise ValueError("max_runtime must be positive")
     return TraceJob(
         job_id=job_id,
-        submit_time=_seconds(cells["submit_time"], "submit_time"),
-        duration=_seconds(cells["duration"], "duration"),
+        submit_time=parse_seconds(cells["submit_time"], "submit_time"),
+        duration=parse_seconds(cells["duration"], "duration"),
         queue=queue,
         gpus=_quantity(cells["gpus"], "gpus"),
         replicas=replicas,
@@ -221,20 +237,19 @@ def read_trace_rows(lines: Iterable[str], *, source: str | None = None) -> list[
 
 
 def read_trace(path: str | Path) -> list[TraceJob]:
-    """Read a generic trace CSV file (see :func:`read_trace_rows`)."""
-    file = Path(path)
-    try:
-        with file.open(newline="", encoding="utf-8") as handle:
-            return read_trace_rows(handle, source=str(path))
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise TraceError(f"cannot read: {reason}", source=str(path)) from exc
+    """Read the jobs of a trace file in any format :mod:`allotment.sim.trace_formats`
+    knows, told apart by the header: generic (see :func:`read_trace_rows`), Philly or
+    Alibaba openb. :func:`~allotment.sim.trace_formats.load_trace` also builds the
+    cluster of a real trace's node file."""
+    from allotment.sim.trace_formats import load_trace
+
+    return load_trace(path, build_cluster=False).jobs
 
 
 def check_trace(jobs: Iterable[TraceJob], cluster: Cluster, *, source: str | None = None) -> None:
     """Raise :class:`TraceError` for the first job the cluster cannot accept: an unknown or
-    non-leaf queue (listing the leaves), a pool not open to its queue, a priority class
-    the queue does not allow."""
+    non-leaf queue (listing the leaves), a pool (any of ``pools``) not open to its queue,
+    a priority class the queue does not allow."""
     leaves = ", ".join(sorted(q.name for q in cluster.leaves)) or "none declared"
     open_pools: dict[str, list[str]] = {}
     for job in jobs:
@@ -252,17 +267,18 @@ def check_trace(jobs: Iterable[TraceJob], cluster: Cluster, *, source: str | Non
                 source=source,
                 line=job.line,
             )
-        if job.pool is not None:
+        if job.pools:
             pools = open_pools.get(queue.name)
             if pools is None:
                 pools = open_pools[queue.name] = cluster.allowed_pools(queue)
-            if job.pool not in pools:
-                raise TraceError(
-                    f"job {job.job_id}: pool {job.pool!r} is not open to queue {queue.name}; "
-                    f"open pools: {', '.join(pools) or 'none'}",
-                    source=source,
-                    line=job.line,
-                )
+            for pool in job.pools:
+                if pool not in pools:
+                    raise TraceError(
+                        f"job {job.job_id}: pool {pool!r} is not open to queue {queue.name}; "
+                        f"open pools: {', '.join(pools) or 'none'}",
+                        source=source,
+                        line=job.line,
+                    )
         if cluster.priority_class_for(queue, job.priority_class) is None:
             allowed = queue.spec.priority_classes or sorted(cluster.priority_classes)
             raise TraceError(
