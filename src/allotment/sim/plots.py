@@ -59,7 +59,10 @@ class QueueUsage:
     """Nominal GPUs, summed over the pools."""
     below_guarantee_share: float
     """Share of the replay span during which the queue held fewer GPUs than its
-    guarantee while one of its jobs was waiting (0 for a queue without a guarantee)."""
+    guarantee while one of its jobs was waiting, for any reason (a request larger than
+    the rest of the guarantee, a pool other than the guaranteed one, a closed time
+    window): a sign to look closer, not a proof of a broken guarantee. 0 for a queue
+    without a guarantee."""
 
 
 def replay_span(result: ReplayResult) -> tuple[float, float] | None:
@@ -349,7 +352,7 @@ def _queue_share_figure(results: Sequence[tuple[str, ReplayResult]], cluster: Cl
     held_ax.set_title("GPUs held per queue, average over the replay, vs guarantee")
     held_ax.set_ylabel("GPUs")
     held_ax.grid(True, axis="y", alpha=0.3)
-    below_ax.set_title("Time below guarantee with jobs waiting")
+    below_ax.set_title("Time below guarantee while jobs of the queue waited (for any reason)")
     below_ax.set_ylabel("% of replay")
     below_ax.set_xlabel("leaf queue")
     below_ax.set_xticks(positions, queues, rotation=30, ha="right")
