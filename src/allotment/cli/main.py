@@ -166,14 +166,23 @@ def sim(
     per_queue: Annotated[
         bool, typer.Option("--per-queue", help="Also print a table per queue.")
     ] = False,
+    plot: Annotated[
+        str | None,
+        typer.Option(
+            "--plot",
+            metavar="DIR",
+            help="Write charts into DIR: utilization.png, wait_cdf.png, queue_share.png.",
+        ),
+    ] = None,
     output: OutputOption = Output.TABLE,
 ) -> None:
     """Replay a trace on the real scheduler with a virtual clock and compare policies."""
     from allotment.cli import render
     from allotment.sim.jobs_out import write_jobs_out
     from allotment.sim.metrics import summarize
+    from allotment.sim.plots import plot_directory, write_plots
     from allotment.sim.policies import parse_policy
-    from allotment.sim.replay import Replay
+    from allotment.sim.replay import Replay, ReplayResult
     from allotment.sim.trace import check_trace
     from allotment.sim.trace_formats import load_trace
 
@@ -207,9 +216,12 @@ def sim(
     check_trace(jobs, cluster, source=trace)
     if loaded.note:
         typer.echo(f"note: {trace}: {loaded.note}", err=True)
+    if plot is not None:
+        plot_directory(Path(plot))
     err = Console(stderr=True, highlight=False)
     summaries: list[dict[str, Any]] = []
     written: list[str] = []
+    results: list[tuple[str, ReplayResult]] = []
     for chosen in policies:
         replay = Replay(cluster, jobs, chosen, time_scale=time_scale)
         if err.is_terminal:
@@ -222,6 +234,10 @@ def sim(
             target = _jobs_out_path(jobs_out, chosen.name, several=len(policies) > 1)
             write_jobs_out(result.attempts, target)
             written.append(str(target))
+        if plot is not None:
+            results.append((chosen.name, result))
+    if plot is not None:
+        written.extend(str(path) for path in write_plots(results, cluster, Path(plot)))
     if output is Output.JSON:
         _print_json(summaries)
     else:
