@@ -147,14 +147,22 @@ def test_philly_cluster_from_the_node_file(philly: Path) -> None:
     cluster = trace.cluster
     assert cluster is not None
     assert trace.nodes_file == str(philly.parent / "philly_vc_nodes_helios.csv")
-    assert list(cluster.pools) == ["philly"]
+    # Each VC owns its nodes: a pool per VC, guaranteed to the VC's queue.
+    assert list(cluster.pools) == ["vc-aa11", "vc-bb22"]
     assert len(cluster.nodes) == 6
     assert {n.capacity for n in cluster.nodes.values()} == {Resources.of(gpu=8)}
+    assert sorted(n.pool for n in cluster.nodes.values()).count("vc-aa11") == 4
     assert [q.name for q in cluster.roots] == ["philly"]
-    assert {q.name: q.nominal["philly"]["gpu"] // MILLI for q in cluster.queues.values()} == {
-        "philly": 48,
-        "aa11": 32,
-        "bb22": 16,
+    gpus = {
+        (q.name, pool): amounts["gpu"] // MILLI
+        for q in cluster.queues.values()
+        for pool, amounts in q.nominal.items()
+    }
+    assert gpus == {
+        ("philly", "vc-aa11"): 32,
+        ("philly", "vc-bb22"): 16,
+        ("aa11", "vc-aa11"): 32,
+        ("bb22", "vc-bb22"): 16,
     }
     assert [q.name for q in cluster.leaves] == ["aa11", "bb22"]
     check_trace(trace.jobs, cluster, source=str(philly))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from enum import StrEnum
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -155,6 +156,15 @@ def sim(
     time_scale: Annotated[
         float, typer.Option("--time-scale", help="Multiply submit times by this.")
     ] = 1.0,
+    predict_every: Annotated[
+        int,
+        typer.Option(
+            "--predict-every",
+            min=0,
+            help="Forecast the start of every Nth job at its submission and report the "
+            "error against its actual start (0: off).",
+        ),
+    ] = 0,
     jobs_out: Annotated[
         str | None,
         typer.Option(
@@ -177,6 +187,14 @@ def sim(
     output: OutputOption = Output.TABLE,
 ) -> None:
     """Replay a trace on the real scheduler with a virtual clock and compare policies."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     from allotment.cli import render
     from allotment.sim.jobs_out import write_jobs_out
     from allotment.sim.metrics import summarize
@@ -223,12 +241,28 @@ def sim(
     written: list[str] = []
     results: list[tuple[str, ReplayResult]] = []
     for chosen in policies:
-        replay = Replay(cluster, jobs, chosen, time_scale=time_scale)
         if err.is_terminal:
-            with err.status(f"replaying {len(jobs)} jobs under {chosen.name}"):
-                result = replay.run()
+            with Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=err,
+                transient=True,
+            ) as bar:
+                task = bar.add_task(f"replaying under {chosen.name}", total=len(jobs))
+                result = Replay(
+                    cluster,
+                    jobs,
+                    chosen,
+                    time_scale=time_scale,
+                    predict_every=predict_every,
+                    progress=partial(_advance, bar, task),
+                ).run()
         else:
-            result = replay.run()
+            result = Replay(
+                cluster, jobs, chosen, time_scale=time_scale, predict_every=predict_every
+            ).run()
         summaries.append(summarize(result))
         if jobs_out is not None:
             target = _jobs_out_path(jobs_out, chosen.name, several=len(policies) > 1)
@@ -285,6 +319,10 @@ def plan(
         _print_json(rows)
     else:
         _console().print(plan_table(rows))
+
+
+def _advance(bar: Any, task: Any, done: int, total: int) -> None:
+    bar.update(task, completed=done, total=total)
 
 
 def _cluster_path(cluster_file: str | None) -> str:

@@ -110,6 +110,10 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:.1f}%"
 
 
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
 def _number(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -122,16 +126,26 @@ ROWS: tuple[tuple[str, str, Any], ...] = (
     ("wait avg", "wait_avg_s", _seconds),
     ("wait p50", "wait_p50_s", _seconds),
     ("wait p99", "wait_p99_s", _seconds),
+    ("wait max", "wait_max_s", _seconds),
     ("JCT avg", "jct_avg_s", _seconds),
     ("JCT p50", "jct_p50_s", _seconds),
     ("JCT p99", "jct_p99_s", _seconds),
     ("GPU utilization", "utilization", _percent),
     ("makespan", "makespan_s", _seconds),
     ("preemptions", "preemptions", str),
-    ("guarantee violations", "guarantee_violations", str),
+    ("guarantee violations", "guarantee_violations", _count),
+    ("guarantee shortfall", "guarantee_shortfall_s", _seconds),
     ("fairness (Jain, slowdown)", "fairness_jain", _number),
     ("scheduling cycles", "cycles", str),
     ("replay wall time", "wall_s", _seconds),
+)
+FORECAST_ROWS: tuple[tuple[str, str, Any], ...] = (
+    ("forecasts (sampled jobs)", "forecast_samples", _count),
+    ("forecast error p50", "forecast_error_median_s", _seconds),
+    ("waits > 10 min (sampled)", "forecast_long_waits", _count),
+    ("  forecast error p50 / wait", "forecast_long_error_median", _percent),
+    ("  forecast error p90 / wait", "forecast_long_error_p90", _percent),
+    ("forecast time", "forecast_s", _seconds),
 )
 
 
@@ -141,7 +155,10 @@ def comparison_table(summaries: Sequence[dict[str, Any]], title: str) -> Table:
     table.add_column("metric")
     for summary in summaries:
         table.add_column(summary["policy"], justify="right")
-    for label, key, fmt in ROWS:
+    rows = ROWS
+    if any("forecast_samples" in s for s in summaries):
+        rows += FORECAST_ROWS
+    for label, key, fmt in rows:
         table.add_row(label, *(fmt(s.get(key)) for s in summaries))
     return table
 

@@ -25,7 +25,7 @@ from allotment.domain.reasons import Reason, ReasonCode, most_relevant
 from allotment.scheduler import ordering
 from allotment.scheduler.backfill import Reservation, Reservations, plan_reservation
 from allotment.scheduler.decisions import Admit, Decisions, Preempt
-from allotment.scheduler.gates import Gates, shape_of
+from allotment.scheduler.gates import Gates
 from allotment.scheduler.lines import QueueLine, group_lines
 from allotment.scheduler.placement import PlacementResult, per_node
 from allotment.scheduler.preemption import describe, find_victims
@@ -62,6 +62,8 @@ class Line:
     """Where the queue's jobs are tried, in order (computed on first use)."""
     allowed: list[str] | None = None
     """Every pool open to the queue."""
+    guaranteed: int = 0
+    """How many of ``pools``, first, hold a guaranteed quota of the queue."""
 
 
 @dataclass(slots=True)
@@ -273,7 +275,11 @@ class _Cycle:
             return False
         total = job.total()
         quota = self.state.quota
-        pools = job.pools or self._open_pools(line)
+        if job.pools:
+            pools = job.pools
+        else:  # only a pool where the queue is guaranteed something can be within it
+            own = self._open_pools(line)
+            pools = tuple(own[: line.guaranteed])
         return not any(
             quota.within_nominal(line.queue.name, p, total) for p in pools if p in quota.pools
         )
@@ -282,12 +288,29 @@ class _Cycle:
         """Where the queue's jobs are tried (a job naming its pools: every pool open to
         the queue, so that one it may not use is answered with why)."""
         if line.pools is None:
-            line.allowed = self.state.cluster.allowed_pools(line.queue)
-            line.pools = preferred_pools(self.state, line.queue, line.allowed)
+            cache = self.state.capacity_cache
+            key = ("pools", line.queue.name)
+            known = cache.get(key)
+            if known is None:
+                allowed = self.state.cluster.allowed_pools(line.queue)
+                known = cache[key] = (allowed, *preferred_pools(self.state, line.queue, allowed))
+            line.allowed, line.pools, line.guaranteed = known
         if job is not None and job.pools:
             assert line.allowed is not None
             return line.allowed
         return line.pools
+
+    def _borrow_order(self, line: Line, pools: list[str]) -> list[str]:
+        """Guaranteed pools first, then the pools to borrow from, freest first: idle
+        capacity is the least likely to be reclaimed soon."""
+        assert line.pools is not None
+        own = line.pools[: line.guaranteed]
+        rest = [p for p in pools if p not in own]
+        if len(rest) < 2:
+            return pools
+        placer = self.state.placer
+        rest.sort(key=lambda p: -placer.free_gpus(p))
+        return [p for p in pools if p in own] + rest
 
     def _try(self, job: PendingJob, line: Line) -> tuple[Outcome, Reason | None]:
         queue = line.queue
@@ -297,10 +320,12 @@ class _Cycle:
                 self.wake_at(job.not_before)
             return Outcome.GATED, gate
         state = self.state
+        if state.policy.borrowing and not job.pools:
+            pools = self._borrow_order(line, pools)
         total = job.total()
         bound = job.max_runtime if job.max_runtime is not None else job.expected_runtime
         claims = self.reservations.claims_for(state.now, bound)
-        shape = _job_shape(job)
+        shape = job.shape()
         reasons: list[Reason] = []
         held_back: list[str] = []
         for pool in pools:
@@ -475,20 +500,17 @@ class _Cycle:
             waiting.add_run(tail, reason)
 
 
-def preferred_pools(state: CycleState, queue: Queue, allowed: list[str]) -> list[str]:
-    """The pools a queue's jobs are tried in: those where it has a guaranteed (nominal)
-    quota first, so a job uses its own guarantee before it borrows; without borrowing,
-    only the pools where it names a quota (it may use nothing elsewhere), unless it
-    names none (then every open pool, so that its jobs are told why they wait)."""
+def preferred_pools(state: CycleState, queue: Queue, allowed: list[str]) -> tuple[list[str], int]:
+    """The pools a queue's jobs are tried in, and how many of them (first) hold a
+    guaranteed (nominal) quota of the queue: a job uses its own guarantee before it
+    borrows. Without borrowing, only the pools where the queue names a quota (it may use
+    nothing elsewhere), unless it names none (then every open pool, so that its jobs are
+    told why they wait)."""
     named = [p for p in allowed if p in queue.nominal]
     if not state.policy.borrowing:
-        return named or allowed
+        return (named or allowed), 0
     guaranteed = [p for p in named if any(queue.nominal[p].as_dict().values())]
-    return guaranteed + [p for p in allowed if p not in guaranteed]
-
-
-def _job_shape(job: PendingJob) -> tuple[object, ...]:
-    return tuple((g.count, shape_of(g.resources)) for g in job.replicas)
+    return guaranteed + [p for p in allowed if p not in guaranteed], len(guaranteed)
 
 
 def _quota_reason(check: QuotaCheck, pool: str, leaf: str) -> Reason:

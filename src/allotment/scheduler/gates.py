@@ -27,7 +27,7 @@ class Gates:
 
     def __init__(self, state: CycleState) -> None:
         self.state = state
-        self._ever: dict[tuple[object, ...], bool] = {}
+        self._ever = state.capacity_cache
 
     def check(
         self, job: PendingJob, queue: Queue, open_pools: list[str]
@@ -105,7 +105,12 @@ class Gates:
                 klass,
                 [],
             )
-        fitting = [p for p in pools if all(self.ever_fits(p, g.resources) for g in job.replicas)]
+        key = (tuple(pools), job.shape())
+        fitting = self._ever.get(key)
+        if fitting is None:
+            fitting = self._ever[key] = [
+                p for p in pools if all(self.ever_fits(p, g.resources) for g in job.replicas)
+            ]
         if not fitting:
             return (
                 Reason(

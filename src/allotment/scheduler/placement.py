@@ -96,6 +96,7 @@ class Placer:
         self.by_pool: dict[str, list[NodeState]] = {}
         self._buckets: dict[str, list[dict[str, NodeState]]] = {}
         self._groups: dict[str, list[dict[str, list[NodeState]]]] = {}
+        self._whole_free: dict[str, int] = {}
         for node in nodes:
             if isinstance(node, NodeState):
                 state = node
@@ -111,6 +112,7 @@ class Placer:
             for state in states:
                 buckets[state.whole_free][state.name] = state
             self._buckets[pool] = buckets
+            self._whole_free[pool] = sum(state.whole_free for state in states)
             levels = []
             for level in TOPOLOGY_LEVELS:
                 groups: dict[str, list[NodeState]] = {}
@@ -149,8 +151,7 @@ class Placer:
 
     def free_gpus(self, pool: str) -> int:
         """Whole free GPUs in the pool (milli-units)."""
-        buckets = self._buckets.get(pool, [])
-        return sum(count * len(bucket) for count, bucket in enumerate(buckets)) * MILLI
+        return self._whole_free.get(pool, 0) * MILLI
 
     def largest_free(self, pool: str) -> dict[str, int]:
         """The free resources of a node with the most free GPUs (then CPU, among the
@@ -179,6 +180,7 @@ class Placer:
             before = state.whole_free
             state.apply(placement, sign)
             if state.whole_free != before:
+                self._whole_free[state.pool] += state.whole_free - before
                 buckets = self._buckets[state.pool]
                 del buckets[before][state.name]
                 buckets[state.whole_free][state.name] = state

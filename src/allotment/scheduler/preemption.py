@@ -71,6 +71,32 @@ def _cause(
     return None
 
 
+def _victim_key(holder: Holder) -> tuple[int, int, float]:
+    return (0 if holder.klass.borrow_only else 1, holder.klass.value, -holder.start_time)
+
+
+def _victim_order(state: CycleState, leaf: Queue, pool: str, reclaim_ok: bool) -> list[Holder]:
+    """The running jobs of ``pool`` that could be victims, in the order they are given
+    up: borrow-only first, then lowest priority, then most recently started. Only the
+    queue's own jobs and borrow-only ones, unless it may reclaim from other queues;
+    never a job admitted in this cycle."""
+    pool_holders: list[Holder] = []
+    own = state.queue_holders(pool, leaf.name)
+    if state.policy.preemption and leaf.spec.preemption.within_queue != "never":
+        pool_holders.extend(own.values())
+    if reclaim_ok:
+        for (where, queue), group in state.by_queue.items():
+            if where == pool and queue != leaf.name:
+                pool_holders.extend(group.values())
+    else:
+        pool_holders.extend(
+            h for h in state.borrow_only.get(pool, {}).values() if h.queue != leaf.name
+        )
+    order = [h for h in pool_holders if not h.fresh]
+    order.sort(key=_victim_key)
+    return order
+
+
 def find_victims(
     state: CycleState,
     job: PendingJob,
@@ -88,15 +114,14 @@ def find_victims(
     total = job.total()
     reclaim_ok = state.policy.reclaim and state.quota.within_nominal(leaf.name, pool, total)
     candidates: list[tuple[Holder, str]] = []
-    held = state.by_pool.get(pool, {})
-    for holder in state.victim_order(pool):
+    for holder in _victim_order(state, leaf, pool, reclaim_ok):
         if (
             not reclaim_ok
             and not holder.klass.borrow_only
             and (holder.klass.value > job_class.value)
         ):
             break  # ordered by value: nothing further can be a victim
-        if holder.id in taken or holder.id not in held:
+        if holder.id in taken:
             continue
         cause = _cause(state, job_class, leaf, holder, reclaim_ok)
         if cause is not None:

@@ -268,6 +268,22 @@ class QuotaTree:
             if amount > 0 and r in nominal
         )
 
+    def lent_out(self, queue: str, pool: str) -> bool:
+        """Whether other queues hold part of ``queue``'s guarantee in ``pool``: of some
+        resource it is guaranteed, the rest of the pool uses more than the pool has
+        beyond that guarantee."""
+        nominal = self._nominal.get((queue, pool))
+        if not nominal:
+            return False
+        mine = self._usage[(queue, pool)]
+        everyone = self._usage[(ROOT, pool)]
+        capacity = self._nominal[(ROOT, pool)]
+        return any(
+            everyone.get(r, 0) - mine.get(r, 0) > capacity.get(r, 0) - amount
+            for r, amount in nominal.items()
+            if amount > 0
+        )
+
     def dominant_share(self, queue: str) -> float:
         """max over pools and named resources of usage / nominal, divided by weight; a
         queue with usage but no nominal quota ranks above every guaranteed share."""

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 
 from allotment.domain.cluster import Cluster, Node
+from allotment.domain.durations import window_open
 from allotment.scheduler.cycle import run_cycle
 from allotment.scheduler.decisions import Decisions
 from allotment.scheduler.lines import SortedLine
@@ -179,6 +180,29 @@ class Session:
         for admit in decisions.admitted:
             self.running[admit.job] = admit.running(jobs[admit.job], at=now)
         return decisions
+
+    def short_of_guarantee(self) -> list[str]:
+        """Leaf queues owed capacity now: the first job of the queue's line fits in its
+        unused guaranteed (nominal) quota of a pool where other queues hold part of that
+        guarantee, and its time window (if any) is open. After a cycle, a queue listed
+        here did not get its guarantee back (reclaim is off, or it could not be placed)."""
+        quota = self.state.quota
+        out: list[str] = []
+        for name, line in self._lines.items():
+            queue = self.cluster.queues.get(name)
+            if not line.jobs or queue is None or not queue.is_leaf:
+                continue
+            if not window_open(queue.time_windows, self.state.now):
+                continue
+            head = line.jobs[0]
+            total = head.total()
+            for pool in queue.nominal:
+                if pool not in quota.pools or (head.pools and pool not in head.pools):
+                    continue
+                if quota.within_nominal(name, pool, total) and quota.lent_out(name, pool):
+                    out.append(name)
+                    break
+        return out
 
     def snapshot(self, now: float | None = None) -> Snapshot:
         """The equivalent snapshot (for :func:`schedule_once`, estimates, tests)."""

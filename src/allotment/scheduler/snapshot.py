@@ -92,6 +92,15 @@ class PendingJob:
         return sum(r.count for r in self.replicas)
 
     _total: dict[str, int] | None = field(default=None, init=False, repr=False, compare=False)
+    _shape: tuple[object, ...] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def shape(self) -> tuple[object, ...]:
+        """A hashable form of the request (replica counts and resources), for caches."""
+        if self._shape is None:
+            self._shape = tuple(
+                (g.count, tuple(sorted(g.resources.items()))) for g in self.replicas
+            )
+        return self._shape
 
     def total(self) -> dict[str, int]:
         """All replicas together, milli-units (computed once; do not change the result)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from allotment.domain.cluster import Cluster, Node, PriorityClass
 from allotment.scheduler.placement import Placer
@@ -61,8 +62,14 @@ class CycleState:
         self.holders: dict[str, Holder] = {}
         self.by_pool: dict[str, dict[str, Holder]] = {p: {} for p in self.quota.pools}
         self.terminating: dict[str, Holder] = {}
-        self._victim_order: dict[str, list[Holder]] = {}
+        self.by_queue: dict[tuple[str, str], dict[str, Holder]] = {}
+        """Holders per (pool, queue): where victim searches look."""
+        self.borrow_only: dict[str, dict[str, Holder]] = {}
+        """Holders of borrow-only classes per pool (victims for any queue)."""
         self._fresh: list[Holder] = []
+        self.capacity_cache: dict[tuple[object, ...], Any] = {}
+        """What depends on node capacities alone (which nodes a shape could ever fit),
+        kept as long as the nodes are."""
 
     @classmethod
     def from_snapshot(cls, snapshot: Snapshot) -> CycleState:
@@ -75,6 +82,7 @@ class CycleState:
             holder = state._holder(job)
             state.holders[holder.id] = holder
             state.by_pool.setdefault(holder.pool, {})[holder.id] = holder
+            state._index(holder)
             if holder.terminating:
                 state.terminating[holder.id] = holder
             state.placer.allocate(holder.placements)
@@ -91,7 +99,6 @@ class CycleState:
         """Start a new cycle at ``now``: last cycle's admissions become ordinary running
         jobs (possible victims), terminating jobs are expected gone at ``now``."""
         self.now = now
-        self._victim_order.clear()
         for holder in self._fresh:
             holder.fresh = False
         self._fresh.clear()
@@ -125,20 +132,24 @@ class CycleState:
         holder.terminating = True
         holder.end_bound = self.now
         self.terminating[job_id] = holder
-        self._victim_order.pop(holder.pool, None)
         return True
 
-    def victim_order(self, pool: str) -> list[Holder]:
-        """The jobs running in ``pool`` at the start of the cycle in the order they are
-        given up: borrow-only first, then lowest priority, then most recently started."""
-        order = self._victim_order.get(pool)
-        if order is None:
-            order = sorted(
-                (h for h in self.by_pool.get(pool, {}).values() if not h.fresh),
-                key=lambda h: (0 if h.klass.borrow_only else 1, h.klass.value, -h.start_time),
-            )
-            self._victim_order[pool] = order
-        return order
+    def _index(self, holder: Holder) -> None:
+        key = (holder.pool, holder.queue)
+        group = self.by_queue.get(key)
+        if group is None:
+            group = self.by_queue[key] = {}
+        group[holder.id] = holder
+        if holder.klass.borrow_only:
+            self.borrow_only.setdefault(holder.pool, {})[holder.id] = holder
+
+    def _unindex(self, holder: Holder) -> None:
+        del self.by_queue[(holder.pool, holder.queue)][holder.id]
+        if holder.klass.borrow_only:
+            del self.borrow_only[holder.pool][holder.id]
+
+    def queue_holders(self, pool: str, queue: str) -> Mapping[str, Holder]:
+        return self.by_queue.get((pool, queue), {})
 
     def klass(self, name: str) -> PriorityClass:
         return self.cluster.priority_classes.get(name, _LOWEST)
@@ -160,6 +171,7 @@ class CycleState:
         """Account a holder's resources on its nodes and in its queue's quota."""
         self.holders[holder.id] = holder
         self.by_pool.setdefault(holder.pool, {})[holder.id] = holder
+        self._index(holder)
         self.placer.allocate(holder.placements)
         if holder.queue in self.cluster.queues and holder.pool in self.by_pool:
             self.quota.add(
@@ -170,6 +182,7 @@ class CycleState:
         """Exactly undo :meth:`hold`."""
         del self.holders[holder.id]
         del self.by_pool[holder.pool][holder.id]
+        self._unindex(holder)
         self.placer.release(holder.placements)
         if holder.queue in self.cluster.queues and holder.pool in self.by_pool:
             self.quota.remove(

@@ -7,6 +7,14 @@
   denominator, so the queues' utilizations add up to the total.
 - ``makespan_s``: last end - first submit (per queue: of that queue's jobs).
 - ``preemptions``: attempts that ended preempted (per queue: of that queue's jobs).
+- ``guarantee_violations``: how many times a queue was owed its guarantee after a cycle
+  (its first waiting job fitted in its unused nominal quota of a pool where other queues
+  held part of it) -- every one lasted beyond the cycle that should have reclaimed it;
+  ``guarantee_shortfall_s`` and ``guarantee_shortfall_max_s`` their total and longest
+  duration. None when the scheduler ran as a snapshot function (not tracked).
+- ``wait_max_s``: the longest wait (no job starving).
+- ``forecast_*`` (with ``predict_every``): start forecasts made at submission against
+  the actual starts (see :func:`forecast_stats`).
 - ``fairness_jain``: Jain's index (sum x)^2 / (n*sum x^2) over the queues' mean *bounded
   slowdown*, x = (wait + run) / max(run, 10 s) per finished job: 1.0 when every queue is
   slowed down alike, 1/n when one queue bears it all. ``None`` per queue and when no queue
@@ -21,7 +29,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from allotment.domain.resources import MILLI
-from allotment.sim.replay import FAILED, SUCCEEDED, UNFINISHED, JobResult, ReplayResult
+from allotment.sim.replay import (
+    FAILED,
+    SUCCEEDED,
+    UNFINISHED,
+    JobResult,
+    ReplayResult,
+    Shortfall,
+)
 
 SLOWDOWN_FLOOR_S = 10.0
 """Runs shorter than this count as this long in bounded slowdown."""
@@ -105,17 +120,65 @@ def _group(jobs: Sequence[JobResult], *, total_gpus: int, span: float | None) ->
         "wait_avg_s": _round(mean(waits)),
         "wait_p50_s": _round(percentile(waits, 50)),
         "wait_p99_s": _round(percentile(waits, 99)),
+        "wait_max_s": _round(max(waits, default=None)),
         "utilization": _round(utilization, 4),
         "makespan_s": _round(own_span),
         "preemptions": sum(j.preempted for j in jobs),
-        # TODO: count guarantee violations (a job waiting while its queue is under its
-        # nominal quota and its request fits in it); needs per-cycle quota usage that the
-        # replay does not track yet, so it is always 0 for now.
-        "guarantee_violations": 0,
+        "guarantee_violations": None,
         "finished": sum(1 for j in jobs if _finished(j)),
         "failed": sum(1 for j in jobs if j.outcome == FAILED),
         "unfinished": sum(1 for j in jobs if j.outcome == UNFINISHED),
         "gpu_hours": _round(gpu_seconds / MILLI / 3600.0),
+    }
+
+
+def _shortfalls(stats: dict[str, Any], shortfalls: Sequence[Shortfall] | None) -> None:
+    if shortfalls is None:
+        return
+    stats["guarantee_violations"] = len(shortfalls)
+    stats["guarantee_shortfall_s"] = _round(sum(s.end - s.start for s in shortfalls))
+    stats["guarantee_shortfall_max_s"] = _round(
+        max((s.end - s.start for s in shortfalls), default=0.0)
+    )
+
+
+LONG_WAIT_S = 600.0
+"""Forecasts are judged on the jobs that waited longer than this."""
+
+
+def forecast_stats(jobs: Sequence[JobResult]) -> dict[str, Any]:
+    """How good the start forecasts made at submission were (``predict_every``): over the
+    sampled jobs that started, the error |forecast - actual start|; relative to the
+    actual wait for those that waited longer than :data:`LONG_WAIT_S`. Empty when no job
+    was sampled."""
+    sampled = [j for j in jobs if j.sampled and j.first_start is not None]
+    if not any(j.sampled for j in jobs):
+        return {}
+    errors: list[float] = []
+    relative: list[float] = []
+    missing = long_waits = 0
+    for job in sampled:
+        assert job.first_start is not None
+        wait = job.first_start - job.submit
+        if wait > LONG_WAIT_S:
+            long_waits += 1
+        if job.predicted_start is None:
+            missing += 1
+            continue
+        error = abs(job.predicted_start - job.first_start)
+        errors.append(error)
+        if wait > LONG_WAIT_S:
+            relative.append(error / wait)
+    return {
+        "forecast_samples": len(sampled),
+        "forecast_none": missing,
+        "forecast_error_median_s": _round(percentile(errors, 50)),
+        "forecast_long_waits": long_waits,
+        "forecast_long_error_median": _round(percentile(relative, 50), 4),
+        "forecast_long_error_p90": _round(percentile(relative, 90), 4),
+        "forecast_long_within_25pct": (
+            _round(sum(1 for r in relative if r <= 0.25) / len(relative), 4) if relative else None
+        ),
     }
 
 
@@ -139,13 +202,19 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
         if finished:
             slowdowns.append(sum(finished) / len(finished))
         stats["slowdown_avg"] = _round(mean(finished))
+        if result.shortfalls is not None:
+            _shortfalls(stats, [s for s in result.shortfalls if s.queue == name])
         stats["fairness_jain"] = None
         stats["wall_s"] = None
         per_queue[name] = _ordered(stats)
     overall["fairness_jain"] = _round(jain(slowdowns), 4)
+    _shortfalls(overall, result.shortfalls)
     overall["wall_s"] = _round(result.wall_s)
     overall["cycles"] = result.cycles
     overall["scheduler_s"] = _round(result.scheduler_s)
+    overall.update(forecast_stats(jobs))
+    if result.forecast_s:
+        overall["forecast_s"] = _round(result.forecast_s)
     return {"policy": result.policy.name, **_ordered(overall), "per_queue": per_queue}
 
 

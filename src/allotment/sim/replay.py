@@ -7,8 +7,8 @@ scheduling cycle at ``now=t`` and applies its decisions:
 - ``Admit``: the job starts at ``t`` on the given placements and ends at ``t + duration``
   (``succeeded``), or is stopped at its ``max_runtime`` (``failed``, a timeout).
 - ``Preempt``: each victim stops at ``t`` (its attempt ends ``preempted``) and goes back
-  to pending with the same id and its original submit time; the preemptor stays pending
-  and is admitted by a following cycle.
+  to pending with the same id and its original submit time; the preemptor stays pending,
+  nominated (``preempting`` its victims), and the next cycle tries it first.
 
 Cycles at one instant repeat while a cycle preempted (the freed room goes to the
 preemptor) or stopped short at a per-cycle bound (a scheduler function: while it
@@ -32,12 +32,13 @@ import heapq
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from allotment.domain.cluster import Cluster
 from allotment.domain.errors import AllotmentError
 from allotment.domain.resources import CPU, GPU, MEMORY
 from allotment.scheduler.decisions import Admit, Decisions
+from allotment.scheduler.forecast import RuntimeHistory, forecast_start
 from allotment.scheduler.session import Session
 from allotment.scheduler.snapshot import (
     PendingJob,
@@ -86,6 +87,12 @@ class _SnapshotCore:
 
     def submit(self, job: PendingJob) -> None:
         self.pending[job.id] = job
+
+    def update(self, job: PendingJob) -> None:
+        self.pending[job.id] = job
+
+    def pending_job(self, job_id: str) -> PendingJob | None:
+        return self.pending.get(job_id)
 
     def gone(self, job_id: str) -> RunningJob | None:
         return self.running.pop(job_id, None)
@@ -141,6 +148,10 @@ class JobResult:
     preempted: int = 0
     gpu_seconds: float = 0.0
     """Milli-GPU-seconds held over all attempts."""
+    sampled: bool = False
+    """A forecast of its start was made when it was submitted (``predict_every``)."""
+    predicted_start: float | None = None
+    """That forecast (None: none could be made)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -155,7 +166,23 @@ class ReplayResult:
     cycles: int = 0
     preemptions: int = 0
     scheduler_s: float = 0.0
+    forecast_s: float = 0.0
+    """Seconds spent forecasting start times (``predict_every``), within ``wall_s``."""
     wall_s: float = 0.0
+    shortfalls: list[Shortfall] | None = None
+    """Every time a queue was owed its guarantee and did not get it (None: not tracked,
+    the scheduler was a snapshot function)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shortfall:
+    """From ``start`` to ``end``, ``queue``'s first waiting job fitted in its unused
+    guaranteed quota of a pool where other queues held part of that guarantee, and the
+    cycles at ``start`` did not give it back (see :meth:`Session.short_of_guarantee`)."""
+
+    queue: str
+    start: float
+    end: float
 
 
 @dataclass(slots=True)
@@ -194,7 +221,7 @@ def pending_job(
         priority_class=priority.name,
         submit_time=submit_time,
         replicas=(ReplicaRequest(name="worker", count=job.replicas, resources=resources),),
-        pools=(job.pool,) if job.pool else (),
+        pools=job.pools,
         max_runtime=job.max_runtime,
         expected_runtime=expected,
     )
@@ -216,6 +243,8 @@ class Replay:
         time_scale: float = 1.0,
         scheduler: Scheduler | None = None,
         max_cycles_per_instant: int = 64,
+        predict_every: int = 0,
+        progress: Callable[[int, int], None] | None = None,
     ) -> None:
         if not (time_scale >= 0 and math.isfinite(time_scale)):
             raise ReplayError(f"time scale must be a finite number >= 0, got {time_scale}")
@@ -224,6 +253,12 @@ class Replay:
         self.time_scale = time_scale
         self.scheduler = scheduler
         self.max_cycles_per_instant = max(1, max_cycles_per_instant)
+        self.predict_every = max(0, predict_every)
+        self.progress = progress
+        self.history = RuntimeHistory()
+        self._to_predict: list[str] = []
+        self._arrived = 0
+        self.forecast_s = 0.0
         self.traces = {job.job_id: job for job in jobs}
         self.arrivals = sorted(
             ((job.submit_time * time_scale, i, job.job_id) for i, job in enumerate(jobs)),
@@ -247,6 +282,10 @@ class Replay:
         self.completions: list[tuple[float, int, str, int]] = []
         self.wakeups: list[float] = []
         self._wakeup_set: set[float] = set()
+        self.shortfalls: list[Shortfall] = []
+        self._nominated: set[str] = set()
+        self._owed: dict[str, float] = {}
+        self._last_instant = 0.0
         schedule = scheduler if scheduler is not None else default_scheduler()
         self.core: Session | _SnapshotCore = (
             Session(cluster, policy)
@@ -279,6 +318,8 @@ class Replay:
             while index < len(arrivals) and arrivals[index][0] <= now:
                 self._arrive(arrivals[index][2], now)
                 index += 1
+                if self.progress is not None and index % 1000 == 0:
+                    self.progress(index, len(arrivals))
                 changed = True
             while self.completions and self.completions[0][0] <= now:
                 _, _, job_id, attempt = heapq.heappop(self.completions)
@@ -288,6 +329,11 @@ class Replay:
                 changed = True
             if changed and core.pending_count:
                 self._settle(now)
+            if self._to_predict:
+                self._predict(now)
+            if changed:
+                self._track_shortfalls(now)
+        self._track_shortfalls(math.inf, last=True)
         for job_id in list(self.requests):
             if job_id not in self.running and self.results[job_id].outcome == UNFINISHED:
                 self._unfinished(job_id)
@@ -299,7 +345,9 @@ class Replay:
             total_gpus=sum(c.get(GPU, 0) for c in self.capacity.values()),
             cycles=self.cycles,
             preemptions=self.preemptions,
+            shortfalls=self.shortfalls if isinstance(core, Session) else None,
             scheduler_s=self.scheduler_s,
+            forecast_s=self.forecast_s,
             wall_s=time.perf_counter() - started,
         )
 
@@ -310,10 +358,23 @@ class Replay:
             decisions = core.cycle(now, explain=False)
             self.scheduler_s += time.perf_counter() - began
             self.cycles += 1
+            # A job nominated by the cycle before has had its turn first in this one.
+            for job_id in self._nominated:
+                waiting = core.pending_job(job_id)
+                if waiting is not None and waiting.preempting:
+                    core.update(replace(waiting, preempting=()))
+            self._nominated.clear()
             preempted = False
             for preempt in decisions.preemptions:
                 for victim in preempt.victims:
                     preempted = self._preempt(victim.job, now) or preempted
+                # As in the live system, the preemptor is nominated: the next cycle tries
+                # it before anyone else, on the capacity its victims freed.
+                waiting = core.pending_job(preempt.job)
+                if waiting is not None:
+                    victims = tuple(v.job for v in preempt.victims)
+                    core.update(replace(waiting, preempting=victims))
+                    self._nominated.add(preempt.job)
             for admit in decisions.admitted:
                 self._start(admit, now)
             if decisions.next_wakeup is not None:
@@ -329,6 +390,21 @@ class Replay:
             if not again or not core.pending_count:
                 break
 
+    def _track_shortfalls(self, now: float, *, last: bool = False) -> None:
+        """Open and close the queues' guarantee shortfalls after the cycles at ``now``."""
+        core = self.core
+        if not isinstance(core, Session):
+            return
+        short = set() if last or not core.pending_count else set(core.short_of_guarantee())
+        owed = self._owed
+        for queue in short - owed.keys():
+            owed[queue] = now
+        for queue in list(owed.keys() - short):
+            start = owed.pop(queue)
+            end = self._last_instant if last else now
+            self.shortfalls.append(Shortfall(queue=queue, start=start, end=end))
+        self._last_instant = now
+
     def _wake_at(self, at: float) -> None:
         """Jobs held back by time alone (a time window) need a cycle when it opens: no
         event says so."""
@@ -338,7 +414,26 @@ class Replay:
 
     # -- the simulated executor -------------------------------------------------------
 
+    def _predict(self, now: float) -> None:
+        """Forecast, after the cycles at ``now``, when each sampled job that arrived at
+        ``now`` will start: at once if it already has, else as the session foresees it
+        with run times learned from the jobs finished so far."""
+        began = time.perf_counter()
+        core = self.core
+        for job_id in self._to_predict:
+            result = self.results[job_id]
+            result.sampled = True
+            if result.first_start is not None:
+                result.predicted_start = result.first_start
+            elif isinstance(core, Session):
+                result.predicted_start = forecast_start(core, job_id, self.history, now=now)
+        self._to_predict.clear()
+        self.forecast_s += time.perf_counter() - began
+
     def _arrive(self, job_id: str, now: float) -> None:
+        self._arrived += 1
+        if self.predict_every and self._arrived % self.predict_every == 0:
+            self._to_predict.append(job_id)
         trace = self.traces[job_id]
         job = pending_job(
             trace,
@@ -434,6 +529,7 @@ class Replay:
         result = self.results[job_id]
         result.end = now
         result.outcome = run.outcome
+        self.history.record(result.queue, run.gpus, now - run.running.start_time)
         return True
 
     def _preempt(self, job_id: str, now: float) -> bool:

@@ -96,7 +96,6 @@ ALIBABA_OPENB = TraceFormat(
 FORMATS = (GENERIC, PHILLY, ALIBABA_OPENB)
 
 PHILLY_GPUS_PER_NODE = 8
-PHILLY_POOL = "philly"
 PHILLY_ROOT = "philly"
 OPENB_QUEUE = "openb"
 QOS_PRIORITY_CLASSES = {
@@ -309,27 +308,34 @@ def read_philly_nodes(lines: Iterable[str], *, source: str | None = None) -> dic
     return vcs
 
 
+def philly_pool(vc: str) -> str:
+    """The pool of a VC's own nodes."""
+    return f"vc-{vc}"
+
+
 def philly_cluster(vc_nodes: dict[str, int], *, source: str | None = None) -> Cluster:
-    """The cluster of a Philly node file: pool ``philly`` of 8-GPU nodes (GPUs only: the
-    trace asks for nothing else), root queue ``philly``, a leaf per VC with nominal
-    ``nodes x 8`` GPUs."""
-    total = sum(vc_nodes.values())
+    """The cluster of a Philly node file, as Philly ran it: each VC owns its nodes (a
+    pool ``vc-<name>`` of 8-GPU nodes, GPUs only: the trace asks for nothing else) and
+    is a leaf queue guaranteed all of them (``nodes x 8`` GPUs), under a root queue
+    ``philly``. Without borrowing a VC runs on its own nodes only (the Helios setup);
+    with it, a VC may borrow another's idle nodes and is preempted when they are
+    reclaimed."""
     data: dict[str, Any] = {
-        "pools": [{"name": PHILLY_POOL}],
+        "pools": [{"name": philly_pool(vc)} for vc in vc_nodes],
         "nodes": [
             {
-                "name_prefix": f"{PHILLY_POOL}-",
-                "count": total,
-                "pool": PHILLY_POOL,
+                "name_prefix": f"{vc}-",
+                "count": count,
+                "pool": philly_pool(vc),
                 "capacity": {"gpu": PHILLY_GPUS_PER_NODE},
             }
+            for vc, count in vc_nodes.items()
         ],
         "queues": [
             {
                 "name": PHILLY_ROOT,
-                "quota": {PHILLY_POOL: {"gpu": total * PHILLY_GPUS_PER_NODE}},
                 "children": [
-                    {"name": vc, "quota": {PHILLY_POOL: {"gpu": count * PHILLY_GPUS_PER_NODE}}}
+                    {"name": vc, "quota": {philly_pool(vc): {"gpu": count * PHILLY_GPUS_PER_NODE}}}
                     for vc, count in vc_nodes.items()
                 ],
             }

@@ -1,0 +1,96 @@
+"""Replays on the incremental core (the default): the same schedule as whole snapshots,
+guarantee shortfalls, start forecasts and progress."""
+
+from __future__ import annotations
+
+import pytest
+
+from allotment.domain.cluster import Cluster
+from allotment.scheduler.cycle import schedule_once
+from allotment.scheduler.snapshot import SchedulerPolicy
+from allotment.sim.metrics import summarize
+from allotment.sim.policies import PRESETS, parse_policy
+from allotment.sim.replay import Replay, Shortfall, replay
+from allotment.sim.trace import TraceJob
+
+
+def job(job_id: str, submit: float, duration: float, queue: str, gpus: float) -> TraceJob:
+    return TraceJob(
+        job_id=job_id, submit_time=submit, duration=duration, queue=queue, gpus=int(gpus * 1000)
+    )
+
+
+WORK = [
+    job("b1", 0, 100, "team-b", 4),
+    job("b2", 0, 100, "team-b", 4),
+    job("a1", 10, 50, "team-a", 4),
+    job("a2", 20, 30, "team-a", 2),
+    job("b3", 30, 40, "team-b", 1),
+    job("a3", 200, 10, "team-a", 0.5),
+]
+
+
+@pytest.mark.parametrize("policy", [*PRESETS, "default+oracle"])
+def test_the_session_schedules_as_whole_snapshots_do(tiny_cluster: Cluster, policy: str) -> None:
+    incremental = replay(tiny_cluster, WORK, parse_policy(policy))
+    reference = replay(tiny_cluster, WORK, parse_policy(policy), scheduler=schedule_once)
+    assert [(a.job_id, a.start, a.end, a.outcome) for a in incremental.attempts] == [
+        (a.job_id, a.start, a.end, a.outcome) for a in reference.attempts
+    ]
+    assert incremental.shortfalls is not None and reference.shortfalls is None
+
+
+def test_a_queue_owed_its_guarantee_is_a_shortfall_until_it_gets_it(
+    tiny_cluster: Cluster,
+) -> None:
+    """team-b borrows team-a's node at t=0; team-a asks for it at t=10. Without reclaim it
+    waits until t=100 (one shortfall of 90 s); with reclaim it gets it at once."""
+    work = WORK[:3]
+    keep = SchedulerPolicy(name="keep", borrowing=True, reclaim=False, preemption=False)
+    kept = replay(tiny_cluster, work, keep)
+    assert kept.shortfalls == [Shortfall(queue="team-a", start=10, end=100)]
+    summary = summarize(kept)
+    assert (summary["guarantee_violations"], summary["guarantee_shortfall_s"]) == (1, 90)
+    assert summary["per_queue"]["team-a"]["guarantee_violations"] == 1
+    assert summary["per_queue"]["team-b"]["guarantee_violations"] == 0
+    assert summary["wait_max_s"] == 90
+
+    reclaimed = replay(tiny_cluster, work, parse_policy("borrowing"))
+    assert reclaimed.shortfalls == []
+    assert summarize(reclaimed)["guarantee_violations"] == 0
+    a1 = next(j for j in reclaimed.jobs if j.job_id == "a1")
+    assert a1.first_start == 10
+
+
+def test_sampled_jobs_get_a_start_forecast(tiny_cluster: Cluster) -> None:
+    """Ten 4-GPU team-a jobs of 100 s, one every second, on fifo-isolated: one node, so
+    they run one after another. Once a few have finished, the forecast knows they take
+    100 s and predicts the later starts exactly."""
+    work = [job(f"j{i}", i, 100, "team-a", 4) for i in range(10)]
+    work += [job(f"k{i}", 1000 + i, 100, "team-a", 4) for i in range(12)]
+    result = Replay(tiny_cluster, work, parse_policy("fifo-isolated"), predict_every=1).run()
+    by_id = {j.job_id: j for j in result.jobs}
+    assert all(j.sampled for j in result.jobs)
+    # No history yet: the first ones cannot be told (the first starts at once).
+    assert by_id["j0"].predicted_start == 0
+    assert by_id["j1"].predicted_start is None
+    # After ten finished jobs of 100 s, every forecast is exact.
+    for i in range(1, 12):
+        late = by_id[f"k{i}"]
+        assert late.predicted_start == late.first_start == 1000 + 100 * i
+    stats = summarize(result)
+    assert stats["forecast_samples"] == 22
+    assert stats["forecast_long_error_median"] == 0.0
+    assert stats["forecast_s"] is not None
+
+
+def test_progress_is_reported_per_thousand_arrivals(tiny_cluster: Cluster) -> None:
+    work = [job(f"j{i}", i, 1, "team-a", 0.5) for i in range(2500)]
+    seen: list[tuple[int, int]] = []
+    Replay(
+        tiny_cluster,
+        work,
+        parse_policy("fifo-isolated"),
+        progress=lambda done, total: seen.append((done, total)),
+    ).run()
+    assert seen == [(1000, 2500), (2000, 2500)]
