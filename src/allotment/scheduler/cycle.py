@@ -55,6 +55,7 @@ class Line:
     ids: list[str]
     index: int = 0
     past_block: int = 0
+    admitted_past_block: int = 0
     blocker: PendingJob | None = None
     blocker_reason: Reason | None = None
     done: bool = False
@@ -219,6 +220,8 @@ class _Cycle:
             self.examined += 1
             if outcome is Outcome.ADMITTED:
                 shares.pop(line.queue.name, None)
+                if line.blocker is not None:
+                    line.admitted_past_block += 1
             elif reason is not None:
                 self.decisions.waiting[job.id] = reason
             line.index += 1
@@ -236,6 +239,9 @@ class _Cycle:
                 self.past_block += 1
                 if line.past_block > self.state.policy.backfill_depth:
                     line.done = True
+                    if line.admitted_past_block:
+                        # The jobs admitted leave the line: the next cycle looks deeper.
+                        self.truncated = True
                 elif self.past_block > self.state.policy.max_examined_past_block:
                     line.done = True
                     self.truncated = True

@@ -178,7 +178,9 @@ class QuotaTree:
             if best is not None:
                 best += slack_free
             own = self._own_limit(name, pool, resource)
-            if own is not None and (best is None or own - demand <= best):
+            # On a tie the pool's capacity binds: a quota as large as the pool
+            # limits nothing the pool does not.
+            if own is not None and (best is None or own - demand < best):
                 best = own - demand
                 binder = name
         return best, binder
@@ -197,7 +199,12 @@ class QuotaTree:
             if room is not None and amount > room:
                 assert binder is not None
                 own = nominal.get(resource)
-                if binder == ROOT and own is not None and usage.get(resource, 0) + amount > own:
+                if (
+                    binder == ROOT
+                    and own is not None
+                    and own < self._nominal[(ROOT, pool)].get(resource, 0)
+                    and usage.get(resource, 0) + amount > own
+                ):
                     # It needs to borrow and the pool has nothing left to lend: the
                     # queue's own quota is what it has run out of.
                     binder = queue

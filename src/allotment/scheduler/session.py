@@ -181,6 +181,17 @@ class Session:
             self.running[admit.job] = admit.running(jobs[admit.job], at=now)
         return decisions
 
+    def waiting_shapes(self, per_queue: int = 64) -> list[dict[str, int]]:
+        """The distinct replica requests among the first ``per_queue`` jobs of each line
+        (what free capacity would have to fit to be of use now)."""
+        seen: dict[tuple[tuple[str, int], ...], dict[str, int]] = {}
+        for line in self._lines.values():
+            for job in line.jobs[:per_queue]:
+                for group in job.replicas:
+                    request = dict(group.resources)
+                    seen.setdefault(tuple(sorted(request.items())), request)
+        return list(seen.values())
+
     def short_of_guarantee(self) -> list[str]:
         """Leaf queues owed capacity now: the first job of the queue's line fits in its
         unused guaranteed (nominal) quota of a pool where other queues hold part of that

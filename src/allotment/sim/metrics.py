@@ -33,6 +33,7 @@ from allotment.sim.replay import (
     FAILED,
     SUCCEEDED,
     UNFINISHED,
+    Attempt,
     JobResult,
     ReplayResult,
     Shortfall,
@@ -182,6 +183,44 @@ def forecast_stats(jobs: Sequence[JobResult]) -> dict[str, Any]:
     }
 
 
+def contention_stats(result: ReplayResult) -> dict[str, Any]:
+    """While some job waited: the share of GPUs held (``utilization_while_waiting``), the
+    average free GPUs that no waiting job could use (``fragmented_gpus``) and their share
+    of the free GPUs (``fragmentation``); and per pool, the jobs that waited before they
+    started there (``per_pool``). Empty when no job ever waited."""
+    if not result.waiting_s or not result.total_gpus:
+        return {}
+    capacity = result.total_gpus * result.waiting_s
+    free = capacity - result.held_while_waiting
+    per_pool: dict[str, dict[str, Any]] = {}
+    first: dict[str, Attempt] = {}
+    for attempt in result.attempts:
+        if attempt.start is not None and attempt.job_id not in first:
+            first[attempt.job_id] = attempt
+    for attempt in first.values():
+        pool = result.node_pools.get(attempt.nodes[0][0], "?") if attempt.nodes else "?"
+        assert attempt.start is not None
+        waited = attempt.start - attempt.submit
+        stats = per_pool.setdefault(pool, {"started": 0, "waited": 0, "wait_total_s": 0.0})
+        stats["started"] += 1
+        if waited > 0:
+            stats["waited"] += 1
+            stats["wait_total_s"] += waited
+    for name in sorted(per_pool):
+        stats = per_pool[name]
+        total = stats.pop("wait_total_s")
+        stats["wait_avg_s"] = _round(total / stats["waited"]) if stats["waited"] else 0.0
+    never = sum(1 for j in result.jobs if j.first_start is None)
+    return {
+        "contended_s": _round(result.waiting_s),
+        "utilization_while_waiting": _round(result.held_while_waiting / capacity, 4),
+        "fragmented_gpus": _round(result.unusable_while_waiting / result.waiting_s / MILLI, 2),
+        "fragmentation": _round(result.unusable_while_waiting / free, 4) if free > 0 else None,
+        "never_started": never,
+        "per_pool": {name: per_pool[name] for name in sorted(per_pool)},
+    }
+
+
 def summarize(result: ReplayResult) -> dict[str, Any]:
     """The summary of one replay: the INTERFACES.md fields, a few more (``finished``,
     ``failed``, ``unfinished``, ``gpu_hours``, ``cycles``, ``scheduler_s``), and
@@ -213,6 +252,7 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
     overall["cycles"] = result.cycles
     overall["scheduler_s"] = _round(result.scheduler_s)
     overall.update(forecast_stats(jobs))
+    overall.update(contention_stats(result))
     if result.forecast_s:
         overall["forecast_s"] = _round(result.forecast_s)
     return {"policy": result.policy.name, **_ordered(overall), "per_queue": per_queue}

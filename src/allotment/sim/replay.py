@@ -169,6 +169,15 @@ class ReplayResult:
     forecast_s: float = 0.0
     """Seconds spent forecasting start times (``predict_every``), within ``wall_s``."""
     wall_s: float = 0.0
+    node_pools: dict[str, str] = field(default_factory=dict)
+    """The pool of every healthy node."""
+    waiting_s: float = 0.0
+    """Replay seconds during which some job waited."""
+    held_while_waiting: float = 0.0
+    """Milli-GPU-seconds held during those seconds."""
+    unusable_while_waiting: float = 0.0
+    """Milli-GPU-seconds free during those seconds on nodes where none of the waiting
+    jobs' replicas (the first 64 of each queue) fits: fragmentation."""
     shortfalls: list[Shortfall] | None = None
     """Every time a queue was owed its guarantee and did not get it (None: not tracked,
     the scheduler was a snapshot function)."""
@@ -283,6 +292,12 @@ class Replay:
         self.wakeups: list[float] = []
         self._wakeup_set: set[float] = set()
         self.shortfalls: list[Shortfall] = []
+        self.held_gpus = 0
+        self.waiting_s = 0.0
+        self.held_while_waiting = 0.0
+        self.unusable_while_waiting = 0.0
+        self._sampled_at = 0.0
+        self._waiting_state: tuple[int, int] | None = None
         self._nominated: set[str] = set()
         self._owed: dict[str, float] = {}
         self._last_instant = 0.0
@@ -329,6 +344,8 @@ class Replay:
                 changed = True
             if changed and core.pending_count:
                 self._settle(now)
+            if changed:
+                self._sample(now)
             if self._to_predict:
                 self._predict(now)
             if changed:
@@ -348,6 +365,10 @@ class Replay:
             shortfalls=self.shortfalls if isinstance(core, Session) else None,
             scheduler_s=self.scheduler_s,
             forecast_s=self.forecast_s,
+            waiting_s=self.waiting_s,
+            node_pools={name: node.pool for name, node in self.nodes.items()},
+            held_while_waiting=self.held_while_waiting,
+            unusable_while_waiting=self.unusable_while_waiting,
             wall_s=time.perf_counter() - started,
         )
 
@@ -389,6 +410,28 @@ class Replay:
             )
             if not again or not core.pending_count:
                 break
+
+    def _sample(self, now: float) -> None:
+        """Close the interval since the last instant (time-weighted: GPUs held and free
+        GPUs no waiting job could use, while jobs wait) and measure the new state."""
+        span = now - self._sampled_at
+        if span > 0 and self._waiting_state is not None:
+            held, unusable = self._waiting_state
+            self.waiting_s += span
+            self.held_while_waiting += held * span
+            self.unusable_while_waiting += unusable * span
+        self._sampled_at = now
+        core = self.core
+        if not isinstance(core, Session) or not core.pending_count:
+            self._waiting_state = None
+            return
+        shapes = core.waiting_shapes()
+        unusable = 0
+        for node in core.state.placer.nodes.values():
+            free = node.free.get(GPU, 0)
+            if free > 0 and not any(node.fits(shape) for shape in shapes):
+                unusable += free
+        self._waiting_state = (self.held_gpus, unusable)
 
     def _track_shortfalls(self, now: float, *, last: bool = False) -> None:
         """Open and close the queues' guarantee shortfalls after the cycles at ``now``."""
@@ -470,6 +513,7 @@ class Replay:
                         f"{total} of {capacity.get(key, 0)} milli-units"
                     )
                 used[key] = total
+            self.held_gpus += placement.resources.get(GPU, 0)
             usage.append((node, dict(placement.resources)))
             per_node[node] = per_node.get(node, 0) + placement.resources.get(GPU, 0)
         trace = self.traces[admit.job]
@@ -499,6 +543,7 @@ class Replay:
             used = self.used[node]
             for key, amount in resources.items():
                 used[key] -= amount
+            self.held_gpus -= resources.get(GPU, 0)
 
     def _record(self, job_id: str, run: _Run, end: float, outcome: str) -> None:
         result = self.results[job_id]
