@@ -111,12 +111,6 @@ def test_bad_trace_is_one_error_line_naming_file_and_line(
         assert word in message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="read_trace reports a byte that is not UTF-8 as 'cannot read: ... in position "
-    "N' (a byte offset) without the line it is on, though trace.py promises that every "
-    "problem names the file and the line",
-)
 def test_a_byte_that_is_not_utf8_names_its_line(files: Path) -> None:
     trace = f"{HEADER}\nj1,0,10,team-a,1\nj\xff2,0,10,team-a,1\n".encode("latin-1")
     message = sim_error(files, trace)

@@ -68,8 +68,9 @@ def test_best_effort_fifo_without_backfill_lets_small_jobs_pass() -> None:
 
 
 def test_backfill_depth_bounds_the_work() -> None:
-    pending = [job("big", "a", gpu=16, submit=0)]
-    pending += [job(f"j{i}", "a", gpu=16, submit=i + 1) for i in range(20)]
+    # 8-GPU jobs wait for capacity (jobs that could never fit are gated and do not count).
+    pending = [job("big", "a", gpu=8, submit=0)]
+    pending += [job(f"j{i}", "a", gpu=8, submit=i + 1) for i in range(20)]
     decisions = cycle(two_nodes().build(), pending, RUNS, policy=SchedulerPolicy(backfill_depth=3))
     assert decisions.stats["examined"] == 4  # big, then 3 more past it
     assert set(codes(decisions).values()) <= {"no_node_fits", "behind_higher_priority"}

@@ -259,12 +259,6 @@ queues:
 so the pool's capacity, not the quota, is what a job waits for."""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="no backfill reservation when the pool's capacity (the quota tree's root) is "
-    "what blocks the head: _Cycle._try skips every pool whose QuotaCheck does not fit, "
-    "ROOT included, so s runs on the node h needs and delays h from 51 to 110",
-)
 @pytest.mark.parametrize("policy", ["backfill", "default"])
 def test_backfill_reserves_for_a_head_blocked_by_a_full_pool(policy: str) -> None:
     """The trace of the backfill test with a bigger quota: h is short of free capacity,
@@ -468,13 +462,6 @@ def test_a_borrowing_gang_is_reclaimed_whole_and_restarts_whole(
     assert result.preemptions == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gated jobs count as 'past a blocked job': _Cycle.run adds every job that does "
-    "not start, gated ones included, to line.past_block and stops looking at the queue "
-    "after backfill_depth (16) of them, so 17 jobs that can never run starve every later "
-    "job of their queue for good",
-)
 @pytest.mark.parametrize("policy", sorted(PRESETS))
 def test_many_jobs_that_can_never_run_do_not_hold_up_their_queue(
     tiny_cluster: Cluster, policy: str
@@ -495,14 +482,6 @@ def test_sixteen_jobs_that_can_never_run_do_not_hold_up_their_queue(
         assert spans(run(tiny_cluster, work, policy))["a1"] == [(1, 11, "succeeded")], policy
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a job larger than the whole pool is not gated under borrowing: "
-    "Gates.quota_ceiling returns None when the queue has no borrowing_limit, ignoring the "
-    "pool's capacity (the quota tree's root); its quota check then fails as "
-    "quota_exhausted at the leaf, and a head short of quota blocks its queue, so a1 and "
-    "a2 never run",
-)
 @pytest.mark.parametrize("policy", BORROWING)
 def test_a_job_larger_than_the_pool_does_not_hold_up_its_queue(
     tiny_cluster: Cluster, policy: str
@@ -527,13 +506,6 @@ queues:
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a gang that can never be placed (4 x 3 GPUs: one replica per 4-GPU node, 3 "
-    "nodes) passes every gate (each replica fits a node, 12 GPUs fit the quota), so it "
-    "stays the head of its queue: under strict FIFO a1 and a2 never run, otherwise its "
-    "quota_exhausted outcome makes a2 wait for a1",
-)
 @pytest.mark.parametrize("policy", sorted(PRESETS))
 def test_a_gang_that_can_never_be_placed_does_not_hold_up_its_queue(policy: str) -> None:
     work = [job("big", 0, 10, gpus=3, replicas=4), job("a1", 1, 10), job("a2", 2, 10)]
@@ -559,14 +531,6 @@ queues:
 """team-a is guaranteed one node; team-b has no guarantee and runs on what it borrows."""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="preemption ping-pong: the replay puts the victim back to pending but never marks "
-    "the preemptor as nominated (PendingJob.preempting), so the next cycle at the same "
-    "instant re-admits the victim (team-b's head, waiting longest) into the nodes just "
-    "freed, and the one after preempts it again, until max_cycles_per_instant (64) runs "
-    "out: 32 preemptions at t=10 (31 of them zero-length), and a1 waits until t=110",
-)
 @pytest.mark.parametrize("policy", BORROWING)
 def test_a_reclaiming_job_starts_right_after_its_one_preemption(policy: str) -> None:
     """b1 borrows the whole pool; team-a's head can never run (8 GPUs on one node). a1
@@ -603,14 +567,6 @@ queues:
 """One 8-GPU node; team-b has no guarantee, team-c lends its 2 GPUs when idle."""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="at t=100 every cycle alternates: one admits team-b's borrowers b1 and b2 "
-    "(team-b's head was submitted before team-a's, which would borrow), the next "
-    "reclaims both for a2 and a3 without admitting anyone; after 64 cycles the instant "
-    "ends on a reclaiming cycle, nothing is running, no event is left, and all six jobs "
-    "end unfinished although each fits the empty node",
-)
 def test_a_reclaim_ping_pong_does_not_leave_fitting_jobs_unfinished() -> None:
     """z and z2 hold the node until t=100 within their quotas, so everything else waits
     for it. Each job then fits the empty node on its own, and the replay runs until no

@@ -232,6 +232,13 @@ class _Cycle:
             ):
                 line.blocker, line.blocker_reason = job, reason
                 line.done = True
+            elif outcome is Outcome.GATED:
+                # A job that cannot be tried at all holds up nobody: it is not a block,
+                # only work (bounded across all queues).
+                self.past_block += 1
+                if self.past_block > self.state.policy.max_examined_past_block:
+                    line.done = True
+                    self.truncated = True
             elif outcome is not Outcome.ADMITTED:
                 if line.blocker is None:
                     line.blocker, line.blocker_reason = job, reason
@@ -408,8 +415,9 @@ class _Cycle:
             and len(self.decisions.reservations) < state.policy.max_reservations
         ):
             for pool in pools:
-                if not state.quota.check(queue.name, pool, total).fits:
-                    continue
+                check = state.quota.check(queue.name, pool, total)
+                if not check.fits and check.blocking_queue != ROOT:
+                    continue  # short of quota, not of capacity: nothing to reserve
                 reservation = plan_reservation(state, job, pool)
                 if reservation is not None:
                     self.reservations.add(reservation)

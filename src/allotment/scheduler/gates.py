@@ -109,14 +109,18 @@ class Gates:
         fitting = self._ever.get(key)
         if fitting is None:
             fitting = self._ever[key] = [
-                p for p in pools if all(self.ever_fits(p, g.resources) for g in job.replicas)
+                p
+                for p in pools
+                if all(self.ever_fits(p, g.resources) for g in job.replicas)
+                and (job.replica_count == 1 or self.ever_placed(p, job))
             ]
         if not fitting:
             return (
                 Reason(
                     ReasonCode.NO_NODE_FITS,
-                    f"no node in pool(s) {', '.join(pools)} is large enough for one "
-                    "replica, even when empty",
+                    f"pool(s) {', '.join(pools)} could not hold this job even when "
+                    "empty: no node is large enough for one replica, or the replicas do "
+                    "not all fit at once",
                     {"pools": pools, "permanent": True},
                 ),
                 klass,
@@ -134,6 +138,18 @@ class Gates:
         if known is None:
             known = self._ever[key] = self.state.placer.ever_fits(pool, request)
         return known
+
+    def ever_placed(self, pool: str, job: PendingJob) -> bool:
+        """Whether all of the job's replicas could be placed at once in ``pool`` when
+        it is empty (cached: it depends on node sizes only)."""
+        key = ("empty", pool, job.shape())
+        known = self._ever.get(key)
+        if known is None:
+            empty = self._ever.get(("empty", pool))
+            if empty is None:
+                empty = self._ever[("empty", pool)] = self.state.placer.empty(pool)
+            known = self._ever[key] = empty.place(pool, job.replicas).ok
+        return bool(known)
 
     def quota_ceiling(self, queue: Queue, pools: list[str], total: dict[str, int]) -> Reason | None:
         """The job can never fit its queue's quota (limits alone, ignoring other usage)."""

@@ -126,6 +126,17 @@ class Placer:
                     levels.append(groups)  # a level that splits the pool
             self._groups[pool] = levels
 
+    def empty(self, pool: str) -> Placer:
+        """A separate placer over empty copies of one pool's nodes."""
+        copies = []
+        for state in self.by_pool.get(pool, ()):
+            copy = state.twin()
+            copy.free = dict(copy.capacity)
+            copy.device_free = [MILLI] * len(copy.device_free)
+            copy.whole_free = len(copy.device_free)
+            copies.append(copy)
+        return Placer(copies)
+
     def scratch(self, pool: str) -> Placer:
         """A separate placer over copies of one pool's nodes, for look-ahead."""
         return Placer([s.twin() for s in self.by_pool.get(pool, ())])

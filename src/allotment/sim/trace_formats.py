@@ -174,9 +174,10 @@ def load_trace(
     try:
         with Path(path).open(newline="", encoding="utf-8-sig") as handle:
             fmt, jobs, skipped = _read_jobs(handle, source, generic_nodes=nodes is not None)
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise TraceError(f"cannot read: {reason}", source=source) from exc
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(Path(path), source) from exc
+    except OSError as exc:
+        raise TraceError(f"cannot read: {exc.strerror or exc}", source=source) from exc
     if fmt is GENERIC:
         return Trace(format=fmt, jobs=jobs)
     note = f"left out {skipped} pod(s) never scheduled (no scheduled_time)" if skipped else ""
@@ -530,9 +531,27 @@ def _lines(path: Path) -> list[str]:
     try:
         with path.open(newline="", encoding="utf-8-sig") as handle:
             return handle.readlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise TraceError(f"cannot read: {reason}", source=str(path)) from exc
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(path, str(path)) from exc
+    except OSError as exc:
+        raise TraceError(f"cannot read: {exc.strerror or exc}", source=str(path)) from exc
+
+
+def _not_utf8(path: Path, source: str) -> TraceError:
+    """The error for a file that is not UTF-8 text, naming the line of the first bad byte."""
+    try:
+        data = path.read_bytes()
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        return TraceError(
+            f"byte 0x{data[exc.start]:02x} is not UTF-8 text; save the file as UTF-8",
+            source=source,
+            line=line,
+        )
+    except OSError as exc:
+        return TraceError(f"cannot read: {exc.strerror or exc}", source=source)
+    return TraceError("cannot read: not UTF-8 text", source=source)
 
 
 def _table(
