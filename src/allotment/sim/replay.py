@@ -298,6 +298,9 @@ class Replay:
         self.unusable_while_waiting = 0.0
         self._sampled_at = 0.0
         self._waiting_state: tuple[int, int] | None = None
+        self._fragment_at = -math.inf
+        span = (self.arrivals[-1][0] - self.arrivals[0][0]) if self.arrivals else 0.0
+        self._fragment_every = max(1.0, span / 10_000)
         self._nominated: set[str] = set()
         self._owed: dict[str, float] = {}
         self._last_instant = 0.0
@@ -425,12 +428,18 @@ class Replay:
         if not isinstance(core, Session) or not core.pending_count:
             self._waiting_state = None
             return
-        shapes = core.waiting_shapes()
-        unusable = 0
-        for node in core.state.placer.nodes.values():
-            free = node.free.get(GPU, 0)
-            if free > 0 and not any(node.fits(shape) for shape in shapes):
-                unusable += free
+        known = self._waiting_state[1] if self._waiting_state is not None else None
+        if known is not None and now - self._fragment_at < self._fragment_every:
+            unusable = known
+        else:
+            # Looking at every node is costly: at most ~10,000 times over the replay.
+            self._fragment_at = now
+            shapes = core.waiting_shapes()
+            unusable = 0
+            for node in core.state.placer.nodes.values():
+                free = node.free.get(GPU, 0)
+                if free > 0 and not any(node.fits(shape) for shape in shapes):
+                    unusable += free
         self._waiting_state = (self.held_gpus, unusable)
 
     def _track_shortfalls(self, now: float, *, last: bool = False) -> None:
