@@ -218,7 +218,7 @@ def test_philly_bad_row_names_its_line(row: str, expected: str) -> None:
     ("text", "line", "expected"),
     [
         ("vc,nodes\naa11,4\n", 1, "not a philly node file: its header is vc, nodes; expected"),
-        ("vc,node num\naa11,4\naa11,2\n", 3, "vc 'aa11' already listed on line 2"),
+        ("vc,node num\naa11,4\naa11,2\n", 3, "vc 'aa11' already used on line 2"),
         ("vc,node num\naa11,0\n", 2, "node num must be at least 1, got 0"),
         ("vc,node num\naa11,many\n", 2, "node num must be a whole number"),
         ("vc,node num\nVC_A,4\n", 2, "vc 'VC_A' is not a valid queue name"),

@@ -51,6 +51,18 @@ class TraceError(InvalidInput):
         self.line = line
 
 
+def first_use(
+    seen: dict[str, int], key: str, line: int, *, column: str, source: str | None
+) -> None:
+    """Remember that ``key`` (a value of ``column`` that must be unique) is on ``line``;
+    raise :class:`TraceError` naming both lines if it was seen before."""
+    if key in seen:
+        raise TraceError(
+            f"{column} {key!r} already used on line {seen[key]}", source=source, line=line
+        )
+    seen[key] = line
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TraceJob:
     """One job of a trace. Resources are per replica, in milli-units (``None``: not given)."""
@@ -223,13 +235,7 @@ def read_trace_rows(lines: Iterable[str], *, source: str | None = None) -> list[
                 job = _row(cells, line)
             except ValueError as exc:
                 raise TraceError(str(exc), source=source, line=line) from None
-            if job.job_id in seen:
-                raise TraceError(
-                    f"job_id {job.job_id!r} already used on line {seen[job.job_id]}",
-                    source=source,
-                    line=line,
-                )
-            seen[job.job_id] = line
+            first_use(seen, job.job_id, line, column="job_id", source=source)
             jobs.append(job)
     except csv.Error as exc:
         raise TraceError(f"not valid CSV: {exc}", source=source, line=reader.line_num) from exc

@@ -40,6 +40,7 @@ from allotment.sim.trace import (
     REQUIRED_COLUMNS,
     TraceError,
     TraceJob,
+    first_use,
     parse_seconds,
     read_trace_rows,
 )
@@ -277,11 +278,7 @@ def _philly_jobs(
             )
         except ValueError as exc:
             raise TraceError(str(exc), source=source, line=line) from None
-        if job_id in seen:
-            raise TraceError(
-                f"job_id {job_id!r} already used on line {seen[job_id]}", source=source, line=line
-            )
-        seen[job_id] = line
+        first_use(seen, job_id, line, column="job_id", source=source)
         jobs.append(job)
     return jobs
 
@@ -299,11 +296,8 @@ def read_philly_nodes(lines: Iterable[str], *, source: str | None = None) -> dic
                 raise ValueError(f"node num must be at least 1, got {count}")
         except ValueError as exc:
             raise TraceError(str(exc), source=source, line=line) from None
-        if vc in vcs:
-            raise TraceError(
-                f"vc {vc!r} already listed on line {where[vc]}", source=source, line=line
-            )
-        vcs[vc], where[vc] = count, line
+        first_use(where, vc, line, column="vc", source=source)
+        vcs[vc] = count
     if not vcs:
         raise TraceError("no VCs listed", source=source)
     return vcs
@@ -376,13 +370,7 @@ def _openb_jobs(
         if job is None:
             skipped += 1
             continue
-        if job.job_id in seen:
-            raise TraceError(
-                f"name {job.job_id!r} already used on line {seen[job.job_id]}",
-                source=source,
-                line=line,
-            )
-        seen[job.job_id] = line
+        first_use(seen, job.job_id, line, column="name", source=source)
         jobs.append(job)
     return jobs, skipped
 
@@ -472,13 +460,7 @@ def read_openb_nodes(lines: Iterable[str], *, source: str | None = None) -> list
             )
         except ValueError as exc:
             raise TraceError(str(exc), source=source, line=line) from None
-        if node.name in where:
-            raise TraceError(
-                f"sn {node.name!r} already listed on line {where[node.name]}",
-                source=source,
-                line=line,
-            )
-        where[node.name] = line
+        first_use(where, node.name, line, column="sn", source=source)
         nodes.append(node)
     if not nodes:
         raise TraceError("no nodes listed", source=source)
