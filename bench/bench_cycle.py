@@ -8,7 +8,8 @@ backlog, and measures:
 (a) one cycle: ``schedule_once`` N times on the same snapshot (p50, p99, max);
 (b) sustained: cycles that move admissions to running, finish a share of running jobs,
     retire preemption victims and top the backlog up; admissions per second of
-    scheduler time.
+    scheduler time. With ``--session`` the same world drives an incremental
+    ``Session`` (told what changed) instead of a fresh snapshot each cycle.
 
 Run ``python bench/bench_cycle.py --help``; see bench/README.md.
 """
@@ -28,7 +29,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from allotment.domain.cluster import Cluster, ClusterFile
@@ -36,6 +37,7 @@ from allotment.domain.loading import validate_model
 from allotment.domain.resources import GPU, MILLI
 from allotment.scheduler.cycle import schedule_once
 from allotment.scheduler.decisions import Decisions
+from allotment.scheduler.session import Session
 from allotment.scheduler.snapshot import (
     PendingJob,
     ReplicaRequest,
@@ -502,6 +504,120 @@ def sustained(
     }
 
 
+def sustained_session(
+    world: World,
+    running_list: list[RunningJob],
+    pending_list: list[PendingJob],
+    *,
+    seconds: float,
+    max_cycles: int,
+    churn: float,
+    step: float,
+    wall_limit: float,
+    policy: SchedulerPolicy,
+    prof: cProfile.Profile | None = None,
+) -> dict[str, Any]:
+    """:func:`sustained` with an incremental :class:`Session` told what changed.
+
+    The world evolves exactly as in :func:`sustained` (same order of running jobs, same
+    draws from ``world.rng``), so one seed gives the same world and the same fill cycle
+    in both modes; later cycles can drift apart on placement ties (bench/README.md). Only
+    ``session.cycle(now)`` (explain on) counts as scheduler time; building the session
+    from the starting snapshot is timed apart. ``prof``, if given, is enabled around
+    each cycle only."""
+    rng = world.rng
+    target = len(pending_list)
+    start = Snapshot(
+        now=NOW,
+        cluster=world.cluster,
+        pending=list(pending_list),
+        running=list(running_list),
+        policy=policy,
+    )
+    gc.collect()
+    build_s, session = timed(lambda: Session.from_snapshot(start))
+    print(f"session built in {build_s * 1000:.1f} ms", flush=True)
+    running = session.running  # the session's own view: insertion order as in sustained()
+    now = NOW
+    sched = 0.0
+    admitted = 0
+    preempted = 0
+    finished = 0
+    times: list[float] = []
+    per_cycle: list[int] = []
+    first: dict[str, Any] = {}
+    wall0 = time.perf_counter()
+    cycle_no = 0
+    while True:
+        gc.collect()
+        if prof is not None:
+            prof.enable()
+        dt, decisions = timed(lambda now=now: session.cycle(now))
+        if prof is not None:
+            prof.disable()
+        for admit in decisions.admitted:  # already running inside the session
+            world.true_end[admit.job] = now + world.true_end.get(admit.job, 3600.0)
+        victims_now = 0
+        for pre in decisions.preemptions:
+            ids = tuple(v.job for v in pre.victims)
+            for vid in ids:
+                if vid in running and not running[vid].terminating:
+                    session.stopping(vid)
+                    victims_now += 1
+            job = session.pending_job(pre.job)
+            assert job is not None, pre.job
+            session.update(replace(job, preempting=ids))
+        if cycle_no == 0:
+            first = {
+                "ms": round(dt * 1000, 1),
+                "admitted": len(decisions.admitted),
+                "preemptions": len(decisions.preemptions),
+            }
+        else:
+            sched += dt
+            admitted += len(decisions.admitted)
+            preempted += victims_now
+            times.append(dt * 1000)
+            per_cycle.append(len(decisions.admitted))
+        cycle_no += 1
+        if cycle_no > 1 and (
+            sched >= seconds
+            or cycle_no - 1 >= max_cycles
+            or time.perf_counter() - wall0 >= wall_limit
+        ):
+            break
+        # Time passes: victims are gone, some jobs end, new ones arrive.
+        now += step
+        for jid in [j for j, r in running.items() if r.terminating]:
+            session.gone(jid)
+        ended = [j for j in running if world.true_end.get(j, math.inf) <= now]
+        rest = [j for j in running if world.true_end.get(j, math.inf) > now]
+        ended += rng.sample(rest, int(len(rest) * churn))
+        for jid in ended:
+            session.gone(jid)
+        finished += len(ended)
+        while session.pending_count < target:
+            job = make_job(world, now)
+            job.submit_time = now - rng.uniform(0, step)
+            session.submit(job)
+    wall = time.perf_counter() - wall0
+    return {
+        "session_build_ms": round(build_s * 1000, 1),
+        "fill_cycle": first,
+        "cycles": len(times),
+        "sched_s": round(sched, 2),
+        "wall_s": round(wall, 1),
+        "admitted": admitted,
+        "adm_per_s": round(admitted / sched, 1) if sched else 0.0,
+        "adm_per_cycle": round(statistics.mean(per_cycle), 1) if per_cycle else 0,
+        "cycle_p50_ms": round(statistics.median(times), 1) if times else 0,
+        "cycle_p99_ms": round(pct(times, 99), 1) if times else 0,
+        "victims": preempted,
+        "finished": finished,
+        "running_end": len(running),
+    }
+
+
 def peak_rss_mib() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 0)
 
@@ -562,7 +678,24 @@ def run_scale(scale: Scale, args: argparse.Namespace) -> dict[str, Any]:
     print(f"  waiting: {cyc['waiting_by_reason']}", flush=True)
 
     sus: dict[str, Any] = {}
-    if args.sustain_seconds > 0:
+    if args.sustain_seconds > 0 and args.session:
+        prof = cProfile.Profile() if args.profile_session else None
+        sus = sustained_session(
+            world,
+            list(snap.running),
+            list(snap.pending),
+            seconds=args.sustain_seconds,
+            max_cycles=args.sustain_cycles,
+            churn=args.churn,
+            step=args.step,
+            wall_limit=args.sustain_wall,
+            policy=snap.policy,
+            prof=prof,
+        )
+        print(f"sustained (session): {sus}", flush=True)
+        if prof is not None:
+            print_profile(prof, args, f"the {scale.name} session's sustained cycles")
+    elif args.sustain_seconds > 0:
         sus = sustained(
             world,
             list(snap.running),
@@ -608,6 +741,10 @@ def run_scale(scale: Scale, args: argparse.Namespace) -> dict[str, Any]:
         else None,
         "peak_rss_mib": peak_rss_mib(),
     }
+    if args.session:
+        result["session"] = True
+        if sus:
+            result["sustained"] |= {"session_build_ms": sus["session_build_ms"]}
     if args.profile and scale.name == args.profile_scale:
         profile(snap, args)
     del world, snap
@@ -625,6 +762,16 @@ def profile(snap: Snapshot, args: argparse.Namespace) -> None:
     prof.enable()
     schedule_once(snap)
     prof.disable()
+    print_profile(prof, args)
+
+
+def print_profile(prof: cProfile.Profile, args: argparse.Namespace, what: str = "") -> None:
+    if what:
+        print(
+            f"\n-- cProfile of {what} (top {args.profile_top} by cumulative time; "
+            "timings above are inflated by it) --",
+            flush=True,
+        )
     if args.profile_out:
         prof.dump_stats(args.profile_out)
     for order in ("cumulative", "tottime"):
@@ -692,6 +839,17 @@ def main(argv: list[str] | None = None) -> int:
         choices=list(POLICIES),
         default="default",
         help="scheduler policy for every cycle",
+    )
+    parser.add_argument(
+        "--session",
+        action="store_true",
+        help="drive the sustained run through an incremental Session (told what changed) "
+        "instead of a new snapshot and schedule_once each cycle",
+    )
+    parser.add_argument(
+        "--profile-session",
+        action="store_true",
+        help="with --session: cProfile the sustained session cycles (inflates their times)",
     )
     parser.add_argument(
         "--phases", action="store_true", help="also time one extra cycle phase by phase"
