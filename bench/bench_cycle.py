@@ -349,15 +349,18 @@ def phase_breakdown(snap: Snapshot) -> dict[str, float] | None:
     changed)."""
     try:
         from allotment.scheduler import cycle as cyc
+        from allotment.scheduler.lines import group_lines
         from allotment.scheduler.state import CycleState
 
         out: dict[str, float] = {}
         t0 = time.perf_counter()
-        state = CycleState(snap)
+        state = CycleState.from_snapshot(snap)
         out["state"] = time.perf_counter() - t0
-        c = cyc._Cycle(snapshot=snap, state=state, decisions=Decisions(now=snap.now))
+        c = cyc._Cycle(state=state, decisions=Decisions(now=snap.now))
         t0 = time.perf_counter()
-        lines = c.lines()
+        classes = {name: k.value for name, k in snap.cluster.priority_classes.items()}
+        queues, preemptors = group_lines(snap.pending, classes)
+        lines = c.lines(queues, preemptors)
         out["lines"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         c.nominated()
