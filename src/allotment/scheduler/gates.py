@@ -22,6 +22,20 @@ def shape_of(resources: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(resources.items()))
 
 
+def _slots(capacity: Mapping[str, int], request: Mapping[str, int]) -> int:
+    """How many replicas of ``request`` an empty node of ``capacity`` holds."""
+    most: int | None = None
+    for key, amount in request.items():
+        if amount <= 0:
+            continue
+        if key == GPU and amount < MILLI:  # a share of one device, several per device
+            fit = (MILLI // amount) * (capacity.get(GPU, 0) // MILLI)
+        else:
+            fit = capacity.get(key, 0) // amount
+        most = fit if most is None else min(most, fit)
+    return 1_000_000 if most is None else most
+
+
 class Gates:
     """The gate checks of one cycle, with what they learn about node sizes cached."""
 
@@ -144,6 +158,15 @@ class Gates:
         it is empty (cached: it depends on node sizes only)."""
         key = ("empty", pool, job.shape())
         known = self._ever.get(key)
+        if known is None and len(job.replicas) == 1:
+            # Identical replicas: count how many each empty node could hold.
+            group = job.replicas[0]
+            slots = 0
+            for node in self.state.placer.by_pool.get(pool, ()):
+                slots += _slots(node.capacity, group.resources)
+                if slots >= group.count:
+                    break
+            known = self._ever[key] = slots >= group.count
         if known is None:
             empty = self._ever.get(("empty", pool))
             if empty is None:
