@@ -343,8 +343,8 @@ class _Cycle:
         held_back: list[str] = []
         for pool in pools:
             key = (pool, shape, claims is not None)
-            cached = self.no_fit.get(key)
-            if cached is not None and (claims is None or (pool, shape, False) in self.no_fit):
+            cached = self.no_fit.get(key) if claims is not None else self._no_fit(pool, shape)
+            if cached is not None and (claims is None or self._no_fit(pool, shape) is not None):
                 # Known not to fit on any node this cycle (the world only fills up), and
                 # a shortage of nodes outranks a shortage of quota: no need to ask quota.
                 reasons.append(cached)
@@ -367,16 +367,17 @@ class _Cycle:
                 self._admit(job, queue, klass, pool, placed, check)
                 return Outcome.ADMITTED, None
             assert placed.reason is not None
-            self.no_fit[key] = placed.reason
-            if claims is not None and check.fits:
-                free_key = (pool, shape, False)
-                if free_key not in self.no_fit:
-                    unclaimed = state.placer.place(pool, job.replicas)
-                    if unclaimed.ok:
-                        held_back.append(pool)
-                    else:
-                        assert unclaimed.reason is not None
-                        self.no_fit[free_key] = unclaimed.reason
+            if claims is None:
+                self._remember_no_fit(pool, shape, placed.reason)
+            else:
+                self.no_fit[key] = placed.reason
+            if claims is not None and check.fits and self._no_fit(pool, shape) is None:
+                unclaimed = state.placer.place(pool, job.replicas)
+                if unclaimed.ok:
+                    held_back.append(pool)
+                else:
+                    assert unclaimed.reason is not None
+                    self._remember_no_fit(pool, shape, unclaimed.reason)
             reasons.append(placed.reason)
         preempting = state.policy.preemption or state.policy.reclaim
         if preempting and klass.can_preempt and not held_back:
@@ -386,6 +387,9 @@ class _Cycle:
                 tried = (queue.name, pool, klass.value, shape)
                 if tried in self.no_victims:
                     continue
+                failed_at = state.no_victims.get(tried)
+                if failed_at is not None and failed_at == state.changed.get(pool, 0):
+                    continue  # nothing ran, ended or began stopping there since it failed
                 if self.searches >= state.policy.preemption_searches:
                     self.truncated = True
                     break
@@ -394,6 +398,8 @@ class _Cycle:
                 if plan is not None:
                     return Outcome.PREEMPTING, self._preempt(job, queue, klass, pool, plan)
                 self.no_victims.add(tried)
+                if claims is None and not self.taken:
+                    state.no_victims[tried] = state.changed.get(pool, 0)
         if held_back:
             first = self.reservations.items[0]
             return Outcome.CAPACITY, Reason(
@@ -424,6 +430,25 @@ class _Cycle:
                     self.decisions.reservations[job.id] = reservation.start
                     break
         return Outcome.CAPACITY, reason
+
+    def _no_fit(self, pool: str, shape: tuple[object, ...]) -> Reason | None:
+        """Why a job of ``shape`` fits on no node of ``pool`` even without claims, if
+        known: found this cycle, or (without explanations) in an earlier cycle with no
+        capacity given back in the pool since."""
+        key = (pool, shape, False)
+        found = self.no_fit.get(key)
+        if found is not None or self.explain:
+            return found
+        lasting = self.state.no_fit.get((pool, shape))
+        if lasting is not None and lasting[0] == self.state.released.get(pool, 0):
+            reason: Reason = lasting[1]
+            self.no_fit[key] = reason
+            return reason
+        return None
+
+    def _remember_no_fit(self, pool: str, shape: tuple[object, ...], reason: Reason) -> None:
+        self.no_fit[(pool, shape, False)] = reason
+        self.state.no_fit[(pool, shape)] = (self.state.released.get(pool, 0), reason)
 
     def _admit(
         self,

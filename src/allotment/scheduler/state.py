@@ -67,6 +67,17 @@ class CycleState:
         self.borrow_only: dict[str, dict[str, Holder]] = {}
         """Holders of borrow-only classes per pool (victims for any queue)."""
         self._fresh: list[Holder] = []
+        self.changed: dict[str, int] = {}
+        """Per pool, how many times its set of running jobs changed between cycles (a
+        job started, ended or began stopping): what a victim search depends on."""
+        self.released: dict[str, int] = {}
+        """Per pool, how many times running jobs gave capacity back."""
+        self.no_victims: dict[tuple[object, ...], int] = {}
+        """Victim searches that failed without claims, with ``changed`` of their pool
+        then: they fail again until it changes."""
+        self.no_fit: dict[tuple[object, ...], tuple[int, Any]] = {}
+        """Placements that failed without claims, with ``released`` of their pool then
+        and the reason: they fail again until capacity comes back."""
         self.capacity_cache: dict[tuple[object, ...], Any] = {}
         """What depends on node capacities alone (which nodes a shape could ever fit),
         kept as long as the nodes are."""
@@ -101,6 +112,7 @@ class CycleState:
         self.now = now
         for holder in self._fresh:
             holder.fresh = False
+            self._bump(self.changed, holder.pool)
         self._fresh.clear()
         for holder in self.terminating.values():
             holder.end_bound = now
@@ -111,6 +123,7 @@ class CycleState:
             raise ValueError(f"job {job.id} already holds resources")
         holder = self._holder(job)
         self.hold(holder)
+        self._bump(self.changed, holder.pool)
         if holder.terminating:
             self.terminating[holder.id] = holder
         return holder
@@ -122,6 +135,8 @@ class CycleState:
             return None
         self.unhold(holder)
         self.terminating.pop(job_id, None)
+        self._bump(self.changed, holder.pool)
+        self._bump(self.released, holder.pool)
         return holder
 
     def mark_terminating(self, job_id: str) -> bool:
@@ -132,7 +147,12 @@ class CycleState:
         holder.terminating = True
         holder.end_bound = self.now
         self.terminating[job_id] = holder
+        self._bump(self.changed, holder.pool)
         return True
+
+    @staticmethod
+    def _bump(counts: dict[str, int], pool: str) -> None:
+        counts[pool] = counts.get(pool, 0) + 1
 
     def _index(self, holder: Holder) -> None:
         key = (holder.pool, holder.queue)

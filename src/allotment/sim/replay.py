@@ -177,7 +177,8 @@ class ReplayResult:
     """Milli-GPU-seconds held during those seconds."""
     unusable_while_waiting: float = 0.0
     """Milli-GPU-seconds free during those seconds on nodes where none of the waiting
-    jobs' replicas (the first 64 of each queue) fits: fragmentation."""
+    jobs' replicas (the first 16 of each queue) fits: fragmentation, sampled about
+    2,000 times over the replay."""
     shortfalls: list[Shortfall] | None = None
     """Every time a queue was owed its guarantee and did not get it (None: not tracked,
     the scheduler was a snapshot function)."""
@@ -300,7 +301,7 @@ class Replay:
         self._waiting_state: tuple[int, int] | None = None
         self._fragment_at = -math.inf
         span = (self.arrivals[-1][0] - self.arrivals[0][0]) if self.arrivals else 0.0
-        self._fragment_every = max(1.0, span / 10_000)
+        self._fragment_every = max(1.0, span / 2_000)
         self._nominated: set[str] = set()
         self._owed: dict[str, float] = {}
         self._last_instant = 0.0
@@ -432,9 +433,9 @@ class Replay:
         if known is not None and now - self._fragment_at < self._fragment_every:
             unusable = known
         else:
-            # Looking at every node is costly: at most ~10,000 times over the replay.
+            # Looking at every node is costly: about 2,000 times over the replay.
             self._fragment_at = now
-            shapes = core.waiting_shapes()
+            shapes = core.waiting_shapes(per_queue=16)
             unusable = 0
             for node in core.state.placer.nodes.values():
                 free = node.free.get(GPU, 0)
