@@ -20,15 +20,8 @@ from allotment.sim.plots import (
     write_plots,
 )
 from allotment.sim.policies import parse_policy
-from allotment.sim.replay import (
-    PREEMPTED,
-    SUCCEEDED,
-    UNFINISHED,
-    Attempt,
-    JobResult,
-    ReplayResult,
-    replay,
-)
+from allotment.sim.replay import replay
+from allotment.sim.results import PREEMPTED, SUCCEEDED, UNFINISHED, Attempt, JobResult, ReplayResult
 from allotment.sim.trace import TraceJob
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

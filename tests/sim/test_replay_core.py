@@ -14,7 +14,8 @@ from allotment.scheduler.decisions import Decisions
 from allotment.scheduler.snapshot import Snapshot
 from allotment.sim.jobs_out import write_attempts
 from allotment.sim.policies import PRESETS, parse_policy
-from allotment.sim.replay import Attempt, Scheduler, replay
+from allotment.sim.replay import Scheduler, replay
+from allotment.sim.results import Attempt
 from allotment.sim.trace import TraceJob
 
 

@@ -13,7 +13,8 @@ from allotment.scheduler.snapshot import PendingJob, ReplicaPlacement, Snapshot
 from allotment.sim.jobs_out import write_attempts
 from allotment.sim.metrics import summarize
 from allotment.sim.policies import parse_policy
-from allotment.sim.replay import Attempt, Replay, ReplayError, replay
+from allotment.sim.replay import Replay, ReplayError, replay
+from allotment.sim.results import Attempt
 from allotment.sim.trace import TraceJob
 
 WAIT = Reason(ReasonCode.NO_NODE_FITS, "scripted")

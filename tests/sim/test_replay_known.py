@@ -22,7 +22,8 @@ from allotment.scheduler.snapshot import Snapshot
 from allotment.sim.jobs_out import write_attempts
 from allotment.sim.metrics import summarize
 from allotment.sim.policies import PRESETS, parse_policy
-from allotment.sim.replay import ReplayResult, replay
+from allotment.sim.replay import replay
+from allotment.sim.results import ReplayResult
 from allotment.sim.trace import TraceJob
 
 ISOLATED = ["fifo-isolated", "backfill"]

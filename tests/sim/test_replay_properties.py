@@ -41,15 +41,8 @@ from allotment.domain.loading import load_cluster_text
 from allotment.sim.jobs_out import COLUMNS, write_jobs_out
 from allotment.sim.metrics import summarize
 from allotment.sim.policies import PRESETS, parse_policy
-from allotment.sim.replay import (
-    FAILED,
-    PREEMPTED,
-    SUCCEEDED,
-    UNFINISHED,
-    Attempt,
-    ReplayResult,
-    replay,
-)
+from allotment.sim.replay import replay
+from allotment.sim.results import FAILED, PREEMPTED, SUCCEEDED, UNFINISHED, Attempt, ReplayResult
 from allotment.sim.trace import TraceJob
 
 MILLI = 1000

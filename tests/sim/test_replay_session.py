@@ -10,7 +10,8 @@ from allotment.scheduler.cycle import schedule_once
 from allotment.scheduler.snapshot import SchedulerPolicy
 from allotment.sim.metrics import summarize
 from allotment.sim.policies import PRESETS, parse_policy
-from allotment.sim.replay import Replay, Shortfall, replay
+from allotment.sim.replay import Replay, replay
+from allotment.sim.results import Shortfall
 from allotment.sim.trace import TraceJob
 
 

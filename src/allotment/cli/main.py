@@ -200,7 +200,8 @@ def sim(
     from allotment.sim.metrics import summarize
     from allotment.sim.plots import plot_directory, write_plots
     from allotment.sim.policies import parse_policy
-    from allotment.sim.replay import Replay, ReplayResult
+    from allotment.sim.replay import Replay
+    from allotment.sim.results import ReplayResult
     from allotment.sim.trace import check_trace
     from allotment.sim.trace_formats import load_trace
 

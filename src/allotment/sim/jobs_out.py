@@ -14,7 +14,7 @@ from typing import TextIO
 
 from allotment.domain.errors import InvalidInput
 from allotment.domain.resources import MILLI
-from allotment.sim.replay import Attempt
+from allotment.sim.results import Attempt
 
 COLUMNS = ("job_id", "queue", "submit_s", "start_s", "end_s", "gpus", "nodes", "outcome")
 

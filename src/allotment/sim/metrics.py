@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from allotment.domain.resources import MILLI
-from allotment.sim.replay import (
+from allotment.sim.results import (
     FAILED,
     SUCCEEDED,
     UNFINISHED,

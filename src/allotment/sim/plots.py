@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from allotment.domain.cluster import Cluster, Queue
 from allotment.domain.errors import InvalidInput
 from allotment.domain.resources import GPU, MILLI
-from allotment.sim.replay import PREEMPTED, Attempt, ReplayResult
+from allotment.sim.results import PREEMPTED, Attempt, ReplayResult
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

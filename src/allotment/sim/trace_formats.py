@@ -23,18 +23,23 @@ The clusters are built as a ``cluster.yaml`` would be (:class:`ClusterFile`, the
 
 from __future__ import annotations
 
-import csv
-import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from pydantic import TypeAdapter, ValidationError
-
-from allotment.domain.cluster import Cluster, ClusterFile, Name
-from allotment.domain.loading import validate_model
+from allotment.domain.cluster import Cluster
 from allotment.domain.resources import MILLI
+from allotment.sim.csv_cells import (
+    build_cluster,
+    cell,
+    not_utf8,
+    pool_name,
+    queue_name,
+    read_lines,
+    table,
+    whole,
+)
 from allotment.sim.trace import (
     OPTIONAL_COLUMNS,
     REQUIRED_COLUMNS,
@@ -111,7 +116,6 @@ best-effort pods ``experiment`` (lowest that still counts against quota: ``scave
 borrow-only, and the one ``openb`` queue owns the whole fleet, so has nothing to borrow)."""
 
 _MIB = 2**20 * MILLI
-_NAME = TypeAdapter(Name)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -176,7 +180,7 @@ def load_trace(
         with Path(path).open(newline="", encoding="utf-8-sig") as handle:
             fmt, jobs, skipped = _read_jobs(handle, source, generic_nodes=nodes is not None)
     except UnicodeDecodeError as exc:
-        raise _not_utf8(Path(path), source) from exc
+        raise not_utf8(Path(path), source) from exc
     except OSError as exc:
         raise TraceError(f"cannot read: {exc.strerror or exc}", source=source) from exc
     if fmt is GENERIC:
@@ -190,7 +194,7 @@ def load_trace(
     if build_cluster and nodes_path is not None:
         nodes_source = str(nodes_path)
         if fmt is PHILLY:
-            vc_nodes = read_philly_nodes(_lines(nodes_path), source=nodes_source)
+            vc_nodes = read_philly_nodes(read_lines(nodes_path), source=nodes_source)
             for job in jobs:
                 if job.queue not in vc_nodes:
                     raise TraceError(
@@ -202,7 +206,7 @@ def load_trace(
             cluster = philly_cluster(vc_nodes, source=nodes_source)
         else:
             cluster = openb_cluster(
-                read_openb_nodes(_lines(nodes_path), source=nodes_source), source=nodes_source
+                read_openb_nodes(read_lines(nodes_path), source=nodes_source), source=nodes_source
             )
     return Trace(
         format=fmt,
@@ -217,7 +221,7 @@ def load_trace(
 def _read_jobs(
     handle: TextIO, source: str, *, generic_nodes: bool
 ) -> tuple[TraceFormat, list[TraceJob], int]:
-    header, rows = _table(handle, source)
+    header, rows = table(handle, source)
     fmt = detect_format(header, source=source)
     if fmt is GENERIC:
         if generic_nodes:
@@ -239,7 +243,7 @@ def _read_jobs(
 
 def read_philly_rows(lines: Iterable[str], *, source: str | None = None) -> list[TraceJob]:
     """Parse Philly window lines (header first) into jobs, in file order."""
-    header, rows = _table(lines, source)
+    header, rows = table(lines, source)
     if detect_format(header, source=source) is not PHILLY:
         raise TraceError(f"not a philly trace: {PHILLY.describe()}", source=source, line=1)
     return _philly_jobs(header, rows, source)
@@ -264,14 +268,14 @@ def _philly_jobs(
     seen: dict[str, int] = {}
     for line, row in rows:
         try:
-            job_id = _cell(row, i_id, "job_id")
-            gpus = _whole(row, i_gpus, "num_gpus")
+            job_id = cell(row, i_id, "job_id")
+            gpus = whole(row, i_gpus, "num_gpus")
             replicas, per_replica = philly_gang(gpus)
             job = TraceJob(
                 job_id=job_id,
-                submit_time=parse_seconds(_cell(row, i_submit, "submit_time_s"), "submit_time_s"),
-                duration=parse_seconds(_cell(row, i_duration, "duration_s"), "duration_s"),
-                queue=_cell(row, i_vc, "vc"),
+                submit_time=parse_seconds(cell(row, i_submit, "submit_time_s"), "submit_time_s"),
+                duration=parse_seconds(cell(row, i_duration, "duration_s"), "duration_s"),
+                queue=cell(row, i_vc, "vc"),
                 gpus=per_replica * MILLI,
                 replicas=replicas,
                 line=line,
@@ -290,8 +294,8 @@ def read_philly_nodes(lines: Iterable[str], *, source: str | None = None) -> dic
     where: dict[str, int] = {}
     for line, row in rows:
         try:
-            vc = _queue_name(_cell(row, at["vc"], "vc"), "vc")
-            count = _whole(row, at["node num"], "node num")
+            vc = queue_name(cell(row, at["vc"], "vc"), "vc")
+            count = whole(row, at["node num"], "node num")
             if count < 1:
                 raise ValueError(f"node num must be at least 1, got {count}")
         except ValueError as exc:
@@ -336,7 +340,7 @@ def philly_cluster(vc_nodes: dict[str, int], *, source: str | None = None) -> Cl
             }
         ],
     }
-    return _build(data, source)
+    return build_cluster(data, source)
 
 
 # -- Alibaba openb --------------------------------------------------------------------
@@ -347,7 +351,7 @@ def read_openb_pods(
 ) -> tuple[list[TraceJob], int]:
     """Parse Alibaba openb pod-list lines (header first): the pods that ran, in file
     order, and how many were left out because they were never scheduled."""
-    header, rows = _table(lines, source)
+    header, rows = table(lines, source)
     if detect_format(header, source=source) is not ALIBABA_OPENB:
         raise TraceError(
             f"not an alibaba-openb trace: {ALIBABA_OPENB.describe()}", source=source, line=1
@@ -376,11 +380,11 @@ def _openb_jobs(
 
 
 def _openb_pod(row: list[str], at: dict[str, int], line: int) -> TraceJob | None:
-    name = _cell(row, at["name"], "name")
-    cpu = _whole(row, at["cpu_milli"], "cpu_milli")
-    memory = _whole(row, at["memory_mib"], "memory_mib")
-    num_gpu = _whole(row, at["num_gpu"], "num_gpu")
-    gpu_milli = _whole(row, at["gpu_milli"], "gpu_milli")
+    name = cell(row, at["name"], "name")
+    cpu = whole(row, at["cpu_milli"], "cpu_milli")
+    memory = whole(row, at["memory_mib"], "memory_mib")
+    num_gpu = whole(row, at["num_gpu"], "num_gpu")
+    gpu_milli = whole(row, at["gpu_milli"], "gpu_milli")
     if num_gpu == 0 and gpu_milli != 0:
         raise ValueError(f"gpu_milli is {gpu_milli} for a pod of no GPUs (num_gpu 0)")
     if num_gpu > 0 and not 1 <= gpu_milli <= MILLI:
@@ -390,7 +394,7 @@ def _openb_pod(row: list[str], at: dict[str, int], line: int) -> TraceJob | None
             f"a share of several GPUs (num_gpu {num_gpu}, gpu_milli {gpu_milli}) cannot be "
             "asked for; a pod of more than one GPU takes them whole"
         )
-    qos = _cell(row, at["qos"], "qos")
+    qos = cell(row, at["qos"], "qos")
     priority_class = QOS_PRIORITY_CLASSES.get(qos.lower())
     if priority_class is None:
         known = ", ".join(f"{q} -> {c}" for q, c in QOS_PRIORITY_CLASSES.items())
@@ -398,15 +402,15 @@ def _openb_pod(row: list[str], at: dict[str, int], line: int) -> TraceJob | None
     pools: list[str] = []
     for part in row[at["gpu_spec"]].split("|"):
         if part.strip():
-            pool = _pool_name(part.strip(), "gpu_spec")
+            pool = pool_name(part.strip(), "gpu_spec")
             if pool not in pools:
                 pools.append(pool)
-    created = parse_seconds(_cell(row, at["creation_time"], "creation_time"), "creation_time")
+    created = parse_seconds(cell(row, at["creation_time"], "creation_time"), "creation_time")
     scheduled_text = row[at["scheduled_time"]].strip()
     if not scheduled_text:
         return None
     scheduled = parse_seconds(scheduled_text, "scheduled_time")
-    deleted = parse_seconds(_cell(row, at["deletion_time"], "deletion_time"), "deletion_time")
+    deleted = parse_seconds(cell(row, at["deletion_time"], "deletion_time"), "deletion_time")
     if deleted < scheduled:
         raise ValueError(
             f"deletion_time {deleted:g} is before scheduled_time {scheduled:g}: a negative duration"
@@ -448,13 +452,13 @@ def read_openb_nodes(lines: Iterable[str], *, source: str | None = None) -> list
     where: dict[str, int] = {}
     for line, row in rows:
         try:
-            model = _cell(row, at["model"], "model")
-            _pool_name(model, "model")
+            model = cell(row, at["model"], "model")
+            pool_name(model, "model")
             node = OpenbNode(
-                name=_cell(row, at["sn"], "sn"),
-                cpu_milli=_whole(row, at["cpu_milli"], "cpu_milli"),
-                memory_mib=_whole(row, at["memory_mib"], "memory_mib"),
-                gpus=_whole(row, at["gpu"], "gpu"),
+                name=cell(row, at["sn"], "sn"),
+                cpu_milli=whole(row, at["cpu_milli"], "cpu_milli"),
+                memory_mib=whole(row, at["memory_mib"], "memory_mib"),
+                gpus=whole(row, at["gpu"], "gpu"),
                 model=model,
                 line=line,
             )
@@ -503,73 +507,16 @@ def openb_cluster(nodes: Sequence[OpenbNode], *, source: str | None = None) -> C
             }
         ],
     }
-    return _build(data, source)
+    return build_cluster(data, source)
 
 
 # -- helpers --------------------------------------------------------------------------
 
 
-def _lines(path: Path) -> list[str]:
-    try:
-        with path.open(newline="", encoding="utf-8-sig") as handle:
-            return handle.readlines()
-    except UnicodeDecodeError as exc:
-        raise _not_utf8(path, str(path)) from exc
-    except OSError as exc:
-        raise TraceError(f"cannot read: {exc.strerror or exc}", source=str(path)) from exc
-
-
-def _not_utf8(path: Path, source: str) -> TraceError:
-    """The error for a file that is not UTF-8 text, naming the line of the first bad byte."""
-    try:
-        data = path.read_bytes()
-        data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        return TraceError(
-            f"byte 0x{data[exc.start]:02x} is not UTF-8 text; save the file as UTF-8",
-            source=source,
-            line=line,
-        )
-    except OSError as exc:
-        return TraceError(f"cannot read: {exc.strerror or exc}", source=source)
-    return TraceError("cannot read: not UTF-8 text", source=source)
-
-
-def _table(
-    lines: Iterable[str], source: str | None
-) -> tuple[list[str], Iterator[tuple[int, list[str]]]]:
-    """The header of a CSV (names stripped) and its other rows with the line each ends
-    on, blank rows left out. A row of more or fewer cells than the header, or text that
-    is not CSV, raises :class:`TraceError` naming the line."""
-    reader = csv.reader(lines)
-    try:
-        header = [name.strip() for name in next(reader, [])]
-    except csv.Error as exc:
-        raise TraceError(f"not valid CSV: {exc}", source=source, line=1) from exc
-
-    def rows() -> Iterator[tuple[int, list[str]]]:
-        width = len(header)
-        try:
-            for row in reader:
-                if not (row and row[0].strip()) and not any(c.strip() for c in row):
-                    continue
-                if len(row) != width:
-                    many = f"{len(row)} cells" if len(row) > width else "too few cells"
-                    raise TraceError(
-                        f"{many}, the header has {width}", source=source, line=reader.line_num
-                    )
-                yield reader.line_num, row
-        except csv.Error as exc:
-            raise TraceError(f"not valid CSV: {exc}", source=source, line=reader.line_num) from exc
-
-    return header, rows()
-
-
 def _nodes_table(
     lines: Iterable[str], fmt: TraceFormat, source: str | None
 ) -> tuple[dict[str, int], Iterator[tuple[int, list[str]]]]:
-    header, rows = _table(lines, source)
+    header, rows = table(lines, source)
     if sorted(header) != sorted(fmt.nodes_columns):
         raise TraceError(
             f"not a {fmt.name} node file: its header is {', '.join(header) or 'empty'}; "
@@ -578,51 +525,3 @@ def _nodes_table(
             line=1,
         )
     return {name: i for i, name in enumerate(header)}, rows
-
-
-def _cell(row: list[str], index: int, column: str) -> str:
-    value = row[index].strip()
-    if not value:
-        raise ValueError(f"{column} is empty")
-    return value
-
-
-def _whole(row: list[str], index: int, column: str) -> int:
-    text = _cell(row, index, column)
-    try:
-        value = int(text)
-    except ValueError:
-        try:
-            number = float(text)
-        except ValueError:
-            number = math.nan
-        if not number.is_integer():
-            raise ValueError(f"{column} must be a whole number, got {text!r}") from None
-        value = int(number)
-    if value < 0:
-        raise ValueError(f"{column} must not be negative, got {text!r}")
-    return value
-
-
-def _queue_name(text: str, column: str) -> str:
-    try:
-        return str(_NAME.validate_python(text))
-    except ValidationError:
-        raise ValueError(
-            f"{column} {text!r} is not a valid queue name (lower-case letters, digits, "
-            "'.', '_', '-'; at most 64 characters)"
-        ) from None
-
-
-def _pool_name(model: str, column: str) -> str:
-    try:
-        return str(_NAME.validate_python(model.lower()))
-    except ValidationError:
-        raise ValueError(
-            f"{column} {model!r} does not make a pool name (letters, digits, '.', '_', '-'; "
-            "at most 64 characters)"
-        ) from None
-
-
-def _build(data: dict[str, Any], source: str | None) -> Cluster:
-    return Cluster.from_file(validate_model(ClusterFile, data, source=source), source=source)
