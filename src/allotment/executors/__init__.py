@@ -1,0 +1,1 @@
+"""Executors: run replicas somewhere and report what they see (see :mod:`.base`)."""

@@ -1,0 +1,134 @@
+"""The executor contract: launch, stop, observe, inventory.
+
+An executor runs replicas and reports what it sees; it never decides what an ending
+means (the control loop does, with :func:`allotment.executors.failures.classify`).
+Every action is keyed by :class:`ReplicaKey` (job, attempt, replica group, index) and is
+idempotent on that key, so the control loop may repeat an action after a crash.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ReplicaKey:
+    """Identity of one replica of one attempt of a job."""
+
+    job_id: str
+    attempt: int
+    replica: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.job_id}/{self.attempt}/{self.replica}-{self.index}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchRequest:
+    """Everything an executor needs to start one replica.
+
+    ``devices`` are the node-local GPU indexes the replica holds (exported as
+    ``CUDA_VISIBLE_DEVICES``). ``stdout_path``/``stderr_path`` default to files in the
+    replica's own directory. ``cpu_millis`` and ``memory_bytes`` are limits applied where
+    the executor can; ``max_runtime`` (seconds) ends the replica with SIGTERM, then
+    SIGKILL after ``timeout_grace_s``.
+    """
+
+    job_id: str
+    attempt: int
+    replica: str = "worker"
+    index: int = 0
+    command: Sequence[str]
+    env: Mapping[str, str] = field(default_factory=dict)
+    workdir: Path
+    stdout_path: Path | None = None
+    stderr_path: Path | None = None
+    devices: tuple[int, ...] = ()
+    cpu_millis: int | None = None
+    memory_bytes: int | None = None
+    max_runtime: float | None = None
+    timeout_grace_s: float = 10.0
+
+    @property
+    def key(self) -> ReplicaKey:
+        return ReplicaKey(self.job_id, self.attempt, self.replica, self.index)
+
+
+class ReplicaPhase(StrEnum):
+    """What an executor sees of a replica."""
+
+    STARTING = "starting"
+    """Launched; the process is not known to be running yet."""
+    RUNNING = "running"
+    EXITED = "exited"
+    """Ended on its own with ``exit_code``."""
+    KILLED = "killed"
+    """Ended by ``signal``."""
+    LOST = "lost"
+    """Its supervision vanished without recording an end; how it ended is unknown."""
+
+
+ENDED = frozenset({ReplicaPhase.EXITED, ReplicaPhase.KILLED, ReplicaPhase.LOST})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaStatus:
+    """One observation of a replica. Times are Unix seconds."""
+
+    phase: ReplicaPhase
+    pid: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    oom: bool = False
+    """The executor believes memory exhaustion ended it (best effort)."""
+    timed_out: bool = False
+    """The executor ended it for passing ``max_runtime``."""
+    stop_requested: bool = False
+    """It ended after :meth:`Executor.stop`."""
+    detail: str = ""
+
+    @property
+    def ended(self) -> bool:
+        return self.phase in ENDED
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuInfo:
+    """One accelerator as an executor found it (``source``: ``nvml`` or ``declared``)."""
+
+    index: int
+    uuid: str | None = None
+    model: str | None = None
+    memory_bytes: int | None = None
+    source: str = "declared"
+
+
+class Executor(ABC):
+    """Runs replicas somewhere. Implementations must make every method idempotent."""
+
+    @abstractmethod
+    def launch(self, request: LaunchRequest) -> str:
+        """Start the replica unless one was already launched under ``request.key``;
+        return its handle. Does not wait for the replica to start."""
+
+    @abstractmethod
+    def stop(self, key: ReplicaKey, grace_s: float) -> None:
+        """Ask the replica to end: SIGTERM to its process group, SIGKILL after
+        ``grace_s`` seconds. Does not block; a replica already ended or never launched
+        is left alone."""
+
+    @abstractmethod
+    def observe(self) -> dict[ReplicaKey, ReplicaStatus]:
+        """The current status of every replica this executor knows, ended ones
+        included."""
+
+    @abstractmethod
+    def inventory(self) -> list[GpuInfo]:
+        """The accelerators this executor can hand out."""

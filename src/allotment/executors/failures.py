@@ -1,0 +1,40 @@
+"""Mapping what an executor saw to a failure class (the control loop's reading of it)."""
+
+from __future__ import annotations
+
+import signal
+
+from allotment.domain.lifecycle import FailureClass
+from allotment.executors.base import ReplicaPhase, ReplicaStatus
+
+
+def classify(
+    status: ReplicaStatus,
+    *,
+    timed_out: bool = False,
+    preempted: bool = False,
+    oom: bool = False,
+) -> FailureClass | None:
+    """The failure class of an ended replica, or ``None`` for success (exit code 0).
+
+    ``timed_out``, ``preempted`` and ``oom`` add what the caller knows to what the status
+    says (the status's own ``timed_out`` and ``oom`` count too). Precedence: preempted
+    (we stopped it to preempt) → timeout → lost (``node_failure``) → oom → exit code or
+    signal (``user_code``). Raises ``ValueError`` for a replica that has not ended.
+    """
+    if not status.ended:
+        raise ValueError(f"replica has not ended (phase {status.phase})")
+    if preempted:
+        return FailureClass.PREEMPTED
+    if timed_out or status.timed_out:
+        return FailureClass.TIMEOUT
+    if status.phase is ReplicaPhase.LOST:
+        return FailureClass.NODE_FAILURE
+    oom = oom or status.oom
+    if status.phase is ReplicaPhase.KILLED:
+        if oom and status.signal == signal.SIGKILL:
+            return FailureClass.OOM
+        return FailureClass.USER_CODE
+    if status.exit_code == 0:
+        return None
+    return FailureClass.OOM if oom else FailureClass.USER_CODE

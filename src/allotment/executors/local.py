@@ -1,0 +1,255 @@
+"""The local executor: each replica is a process on this machine under a supervisor.
+
+Layout under the state root, one directory per replica::
+
+    STATE_ROOT/<job_id>/<attempt>/<replica>-<index>/
+        spec.json     what to run (written once, before the supervisor starts)
+        launch.json   the supervisor's pid, written by the executor
+        state.json    written by the supervisor (see :mod:`.supervisor`)
+        stop.json     a stop request (grace), written by :meth:`LocalExecutor.stop`
+        stdout.log, stderr.log, supervisor.log
+
+Everything the executor knows is in these files, so a new instance on the same root (a
+restarted server) re-adopts running replicas and learns how finished ones ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import allotment
+from allotment.domain.cluster import Node
+from allotment.executors.base import (
+    Executor,
+    GpuInfo,
+    LaunchRequest,
+    ReplicaKey,
+    ReplicaPhase,
+    ReplicaStatus,
+)
+from allotment.executors.gpus import discover_gpus
+from allotment.executors.supervisor import (
+    SPEC_FILE,
+    STATE_FILE,
+    STOP_FILE,
+    read_json,
+    write_json_atomic,
+)
+
+LAUNCH_FILE = "launch.json"
+LAUNCH_WINDOW_S = 30.0
+"""How long a replica without a recorded supervisor counts as starting, not lost."""
+BASE_ENV_NAMES = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME", "TZ")
+"""Server environment variables a replica inherits when no ``base_env`` is given."""
+
+
+def _segment(text: str) -> str:
+    """``text`` as one safe path segment (``/`` and leading dots escaped)."""
+    return quote(text, safe="").replace(".", "%2E")
+
+
+def _age(path: Path) -> float:
+    try:
+        return time.time() - path.stat().st_mtime
+    except OSError:
+        return float("inf")
+
+
+def _process_state(pid: int) -> str | None:
+    """The ``/proc`` state letter of ``pid`` (``Z`` for a zombie), ``None`` when gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
+    except OSError:
+        return _signal_zero(pid)
+    return stat.rpartition(")")[2].split()[0]
+
+
+def _signal_zero(pid: int) -> str | None:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return "?"
+    return "?"
+
+
+def _block_term() -> None:
+    # The supervisor unblocks SIGTERM once its handler is installed, so a stop sent
+    # while it starts is not lost.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
+class LocalExecutor(Executor):
+    """Runs replicas as local processes, each under ``python -m
+    allotment.executors.supervisor`` in a session of its own (so it outlives the server).
+
+    ``node`` declares this machine's GPUs for :meth:`inventory` when NVML is absent.
+    ``base_env`` is the environment every replica starts from (default: a few
+    variables of the server's own, :data:`BASE_ENV_NAMES`); the job's ``env`` and
+    ``CUDA_VISIBLE_DEVICES`` go on top.
+    """
+
+    def __init__(
+        self,
+        state_root: Path,
+        *,
+        node: Node | None = None,
+        base_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.state_root = Path(state_root)
+        self.state_root.mkdir(parents=True, exist_ok=True)
+        self.node = node
+        if base_env is None:
+            base_env = {k: os.environ[k] for k in BASE_ENV_NAMES if k in os.environ}
+        self.base_env = dict(base_env)
+        self._children: dict[ReplicaKey, subprocess.Popen[bytes]] = {}
+
+    def replica_dir(self, key: ReplicaKey) -> Path:
+        """The directory holding ``key``'s files."""
+        return (
+            self.state_root
+            / _segment(key.job_id)
+            / str(key.attempt)
+            / f"{_segment(key.replica)}-{key.index}"
+        )
+
+    def launch(self, request: LaunchRequest) -> str:
+        """Start the replica's supervisor unless ``request.key`` was launched before
+        (by this instance or any other on the same root); return ``str(key)``.
+        Raises ``OSError`` when the supervisor cannot be started."""
+        key = request.key
+        directory = self.replica_dir(key)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            directory.mkdir()
+        except FileExistsError:
+            return str(key)
+        env = {**self.base_env, **request.env}
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in request.devices)
+        spec: dict[str, Any] = {
+            "job_id": key.job_id,
+            "attempt": key.attempt,
+            "replica": key.replica,
+            "index": key.index,
+            "command": list(request.command),
+            "env": env,
+            "workdir": str(request.workdir),
+            "stdout_path": str(request.stdout_path or directory / "stdout.log"),
+            "stderr_path": str(request.stderr_path or directory / "stderr.log"),
+            "devices": list(request.devices),
+            "cpu_millis": request.cpu_millis,
+            "memory_bytes": request.memory_bytes,
+            "max_runtime": request.max_runtime,
+            "timeout_grace_s": request.timeout_grace_s,
+        }
+        write_json_atomic(directory / SPEC_FILE, spec)
+        package_root = str(Path(allotment.__file__).resolve().parent.parent)
+        supervisor_env = dict(os.environ)
+        supervisor_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (package_root, os.environ.get("PYTHONPATH", "")) if p
+        )
+        with (directory / "supervisor.log").open("ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "allotment.executors.supervisor", str(directory)],
+                env=supervisor_env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                preexec_fn=_block_term,
+            )
+        self._children[key] = process
+        write_json_atomic(
+            directory / LAUNCH_FILE, {"supervisor_pid": process.pid, "launched_at": time.time()}
+        )
+        return str(key)
+
+    def stop(self, key: ReplicaKey, grace_s: float) -> None:
+        """Ask ``key``'s supervisor to stop it (SIGTERM to the group, SIGKILL after
+        ``grace_s``). Without a live supervisor, the replica's group is SIGKILLed at
+        once. Does not block."""
+        directory = self.replica_dir(key)
+        if not (directory / SPEC_FILE).exists():
+            return
+        state = read_json(directory / STATE_FILE) or {}
+        if "ended_at" in state:
+            return
+        write_json_atomic(directory / STOP_FILE, {"grace_s": grace_s, "requested_at": time.time()})
+        supervisor = self._supervisor_pid(directory, state)
+        if supervisor is not None and self._alive(key, supervisor):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(supervisor, signal.SIGTERM)
+            return
+        pgid = state.get("pgid")
+        if isinstance(pgid, int):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+
+    def observe(self) -> dict[ReplicaKey, ReplicaStatus]:
+        """Read every replica's files under the state root. Does not block."""
+        seen: dict[ReplicaKey, ReplicaStatus] = {}
+        for spec_path in sorted(self.state_root.glob(f"*/*/*/{SPEC_FILE}")):
+            spec = read_json(spec_path)
+            if spec is None:
+                continue
+            key = ReplicaKey(
+                str(spec["job_id"]), int(spec["attempt"]), str(spec["replica"]), int(spec["index"])
+            )
+            seen[key] = self._status(key, spec_path.parent)
+        return seen
+
+    def inventory(self) -> list[GpuInfo]:
+        """This machine's GPUs: NVML when available, else the ``node``'s declared ones."""
+        return discover_gpus(self.node)
+
+    def _supervisor_pid(self, directory: Path, state: Mapping[str, Any]) -> int | None:
+        pid = state.get("supervisor_pid")
+        if not isinstance(pid, int):
+            pid = (read_json(directory / LAUNCH_FILE) or {}).get("supervisor_pid")
+        return pid if isinstance(pid, int) else None
+
+    def _alive(self, key: ReplicaKey, pid: int) -> bool:
+        child = self._children.get(key)
+        if child is not None and child.pid == pid and child.poll() is not None:
+            return False
+        state = _process_state(pid)
+        return state is not None and state not in ("Z", "X")
+
+    def _status(self, key: ReplicaKey, directory: Path) -> ReplicaStatus:
+        state = read_json(directory / STATE_FILE) or {}
+        common: dict[str, Any] = {
+            "pid": state.get("pid"),
+            "started_at": state.get("started_at"),
+            "stop_requested": bool(state.get("stop_requested", False)),
+            "detail": str(state.get("detail", "")),
+        }
+        if "ended_at" in state:
+            sig = state.get("signal")
+            return ReplicaStatus(
+                phase=ReplicaPhase.KILLED if sig is not None else ReplicaPhase.EXITED,
+                ended_at=state["ended_at"],
+                exit_code=state.get("exit_code"),
+                signal=sig,
+                oom=bool(state.get("oom", False)),
+                timed_out=bool(state.get("timed_out", False)),
+                **common,
+            )
+        supervisor = self._supervisor_pid(directory, state)
+        if supervisor is not None and self._alive(key, supervisor):
+            phase = ReplicaPhase.RUNNING if "pid" in state else ReplicaPhase.STARTING
+            return ReplicaStatus(phase=phase, **common)
+        if supervisor is None and _age(directory / SPEC_FILE) < LAUNCH_WINDOW_S:
+            # Launched a moment ago by another instance: launch.json is not written yet.
+            return ReplicaStatus(phase=ReplicaPhase.STARTING, **common)
+        common["detail"] = "supervisor gone without recording an end"
+        return ReplicaStatus(phase=ReplicaPhase.LOST, **common)

@@ -1,0 +1,236 @@
+"""The per-replica supervisor: ``python -m allotment.executors.supervisor REPLICA_DIR``.
+
+It reads ``spec.json`` from the replica directory, starts the command in a process group
+of its own and records what happens in ``state.json`` (replaced atomically, so a reader
+never sees half a file):
+
+- at start: ``supervisor_pid``, ``pid``, ``pgid``, ``started_at``, ``memory_enforcement``;
+- at the end: ``ended_at`` and either ``exit_code`` or ``signal``, plus ``oom``,
+  ``oom_evidence``, ``timed_out``, ``stop_requested`` and ``max_rss_bytes``.
+
+SIGTERM to the supervisor (sent by ``LocalExecutor.stop``) is forwarded to the child's
+group; the group is SIGKILLed once the grace from ``stop.json`` has passed. Passing
+``max_runtime`` does the same with ``timeout_grace_s``. When the child leader ends, the
+rest of its group is SIGKILLed so nothing outlives the replica.
+
+Limits: memory is enforced with ``RLIMIT_AS`` on replicas without GPUs (CUDA reserves
+large virtual address ranges, so an address-space limit would break GPU programs); cgroup
+v2 is only detected, not used yet (:func:`cgroup_v2_delegated`). CPU limits are recorded
+but not enforced.
+
+OOM detection is best effort: ``oom`` is set when the kernel's OOM-kill counter for our
+cgroup rose while the child ran (cgroup v2 ``memory.events`` or v1
+``memory.oom_control``), when the child died of a SIGKILL we did not send while its peak
+RSS was at its memory limit, or when a child under ``RLIMIT_AS`` exited non-zero with an
+allocation failure in the tail of its stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+SPEC_FILE = "spec.json"
+STATE_FILE = "state.json"
+STOP_FILE = "stop.json"
+POLL_S = 0.05
+_ALLOC_FAILURES = (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc")
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` to ``path`` through a temporary file and ``os.replace``."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        json.dump(data, fh, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    tmp.replace(path)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The object in ``path``, or ``None`` when it is absent or unreadable."""
+    try:
+        with path.open(encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def cgroup_v2_delegated() -> bool:
+    """Whether this process could create cgroup v2 children with memory and cpu control."""
+    try:
+        line = Path("/proc/self/cgroup").read_text(encoding="utf-8").strip().splitlines()
+    except OSError:
+        return False
+    if line != [line[0]] or not line[0].startswith("0::"):
+        return False
+    own = _CGROUP_ROOT / line[0][3:].lstrip("/")
+    try:
+        controllers = (own / "cgroup.subtree_control").read_text(encoding="utf-8").split()
+    except OSError:
+        return False
+    return {"memory", "cpu"} <= set(controllers) and os.access(own, os.W_OK)
+
+
+def oom_kill_count() -> int | None:
+    """The kernel's OOM-kill counter for this process's memory cgroup, when readable."""
+    candidates = [_CGROUP_ROOT / "memory.events", _CGROUP_ROOT / "memory" / "memory.oom_control"]
+    for path in candidates:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name == "oom_kill" and value.strip().isdigit():
+                return int(value)
+    return None
+
+
+def _log_tail(path: Path, size: int = 4096) -> bytes:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(max(0, path.stat().st_size - size))
+            return fh.read()
+    except OSError:
+        return b""
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+class _Supervisor:
+    def __init__(self, replica_dir: Path) -> None:
+        self.dir = replica_dir
+        self.term_requested = False
+        self.state: dict[str, Any] = {"supervisor_pid": os.getpid()}
+
+    def on_term(self, _signum: int, _frame: FrameType | None) -> None:
+        self.term_requested = True
+
+    def save(self, **fields: Any) -> None:
+        self.state.update(fields)
+        write_json_atomic(self.dir / STATE_FILE, self.state)
+
+    def grace(self) -> float:
+        stop = read_json(self.dir / STOP_FILE) or {}
+        value = stop.get("grace_s", 10.0)
+        return float(value) if isinstance(value, int | float) else 10.0
+
+    def run(self) -> int:
+        spec = read_json(self.dir / SPEC_FILE)
+        if spec is None:
+            self.save(ended_at=time.time(), exit_code=None, detail="spec.json unreadable")
+            return 2
+        if self.term_requested:
+            self.save(ended_at=time.time(), stop_requested=True, detail="stopped before start")
+            return 0
+        raw_memory = spec.get("memory_bytes")
+        memory = raw_memory if isinstance(raw_memory, int) else None
+        use_rlimit = memory is not None and not spec.get("devices")
+        enforcement = "rlimit_as" if use_rlimit else "none"
+
+        def limit() -> None:
+            if use_rlimit and memory is not None:
+                resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+
+        stdout_path = Path(spec["stdout_path"])
+        stderr_path = Path(spec["stderr_path"])
+        oom_before = oom_kill_count()
+        try:
+            with stdout_path.open("ab") as out, stderr_path.open("ab") as err:
+                child = subprocess.Popen(
+                    spec["command"],
+                    cwd=spec["workdir"],
+                    env=spec["env"],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                    preexec_fn=limit,
+                )
+        except OSError as exc:
+            self.save(
+                started_at=time.time(),
+                ended_at=time.time(),
+                exit_code=127,
+                detail=f"could not start the command: {exc}",
+            )
+            return 0
+        self.save(
+            pid=child.pid,
+            pgid=child.pid,
+            started_at=time.time(),
+            memory_enforcement=enforcement,
+        )
+        deadline = None
+        if isinstance(spec.get("max_runtime"), int | float):
+            deadline = time.monotonic() + float(spec["max_runtime"])
+        kill_at: float | None = None
+        stop_requested = timed_out = kill_sent = False
+        while True:
+            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+            if pid:
+                break
+            now = time.monotonic()
+            if kill_at is None and self.term_requested:
+                stop_requested = True
+                _killpg(child.pid, signal.SIGTERM)
+                kill_at = now + self.grace()
+            elif kill_at is None and deadline is not None and now >= deadline:
+                timed_out = True
+                _killpg(child.pid, signal.SIGTERM)
+                kill_at = now + float(spec.get("timeout_grace_s", 10.0))
+            if kill_at is not None and not kill_sent and now >= kill_at:
+                kill_sent = True
+                _killpg(child.pid, signal.SIGKILL)
+            time.sleep(POLL_S)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        _killpg(child.pid, signal.SIGKILL)
+        code = child.returncode
+        max_rss = usage.ru_maxrss * 1024
+        evidence = ""
+        oom_after = oom_kill_count()
+        if oom_before is not None and oom_after is not None and oom_after > oom_before:
+            evidence = "kernel_oom_kill"
+        elif code == -signal.SIGKILL and not kill_sent and memory is not None:
+            evidence = "sigkill_at_limit" if max_rss >= memory * 0.9 else ""
+        elif code > 0 and use_rlimit and any(m in _log_tail(stderr_path) for m in _ALLOC_FAILURES):
+            evidence = "rlimit_as_alloc_failure"
+        self.save(
+            ended_at=time.time(),
+            exit_code=code if code >= 0 else None,
+            signal=-code if code < 0 else None,
+            oom=bool(evidence),
+            oom_evidence=evidence,
+            timed_out=timed_out,
+            stop_requested=stop_requested,
+            max_rss_bytes=max_rss,
+        )
+        return 0
+
+
+def main(argv: list[str]) -> int:
+    """Supervise the replica in ``argv[0]``; returns the supervisor's own exit status."""
+    supervisor = _Supervisor(Path(argv[0]))
+    signal.signal(signal.SIGTERM, supervisor.on_term)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    return supervisor.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
