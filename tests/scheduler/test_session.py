@@ -201,3 +201,36 @@ def test_explain_off_skips_the_reasons_of_jobs_not_looked_at() -> None:
     loud = session.cycle(NOW + 11)
     assert set(loud.waiting) == {"j2", "j3", "j4"}
     assert loud.queue_order == {"team-a": ["j2", "j3", "j4"]}
+
+
+@SETTINGS
+@given(worlds(), st.data())
+def test_what_a_session_remembers_across_cycles_changes_no_decision(
+    world: World, data: st.DataObject
+) -> None:
+    """Failed placements and victim searches are remembered across cycles (placements only
+    without explanations). Two sessions fed the same events, one explaining (placements
+    not remembered) and one not, decide the same at every cycle."""
+    quiet = Session.from_snapshot(world.snapshot())
+    loud = Session.from_snapshot(world.snapshot())
+    leaves = sorted(q.name for q in world.cluster.leaves)
+    pools = sorted(world.cluster.pools)
+    now = NOW
+    for step in range(data.draw(st.integers(2, 6), label="steps")):
+        a = quiet.cycle(now, explain=False)
+        b = loud.cycle(now)
+        assert a.admitted == b.admitted
+        assert a.preemptions == b.preemptions
+        for preempt in a.preemptions:
+            for victim in preempt.victims:
+                quiet.gone(victim.job)
+                loud.gone(victim.job)
+        for job_id in sorted(quiet.running):
+            if data.draw(st.integers(0, 3), label="ends") == 0:
+                quiet.gone(job_id)
+                loud.gone(job_id)
+        for new in data.draw(job_streams(f"s{step}-", leaves, pools, max_jobs=5)):
+            arrival = replace(new, submit_time=now + data.draw(st.integers(0, 60)))
+            quiet.submit(arrival)
+            loud.submit(arrival)
+        now += data.draw(st.sampled_from([0.0, 1.0, 600.0]), label="dt")
