@@ -1,0 +1,223 @@
+"""The job repository, with the one function that changes a job's state.
+
+Every function takes a ``Session`` and flushes but never commits: the caller's
+transaction decides what lands together. :func:`transition_job` is the only writer of
+``Job.state`` and :func:`record_reason` the only writer of the waiting-reason condition;
+each appends its :class:`~allotment.store.models.Event` in the same transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import and_, or_, select
+from sqlalchemy.orm import Session
+
+from allotment.domain.errors import NotFound
+from allotment.domain.job import JobSpec
+from allotment.domain.lifecycle import FailureClass, JobState, transition
+from allotment.domain.reasons import Reason
+from allotment.store.models import Event, Job
+
+TRANSITION = "transition"
+"""Event kind of a state change."""
+
+REASON = "reason"
+"""Event kind of a change of the waiting reason."""
+
+
+def new_job_id() -> str:
+    """A fresh job id: ``j-`` and 16 hex digits of a random UUID."""
+    return f"j-{uuid.uuid4().hex[:16]}"
+
+
+def create_job(
+    session: Session,
+    spec: JobSpec,
+    *,
+    tenant: str,
+    user: str,
+    at: float,
+    priority_class: str | None = None,
+    job_id: str | None = None,
+    not_before: float | None = None,
+) -> Job:
+    """Insert a job in state ``submitted`` and its ``submitted`` event; return the row.
+
+    ``priority_class`` is the resolved class (the cluster default when the spec names
+    none); the spec's own is used when it is omitted. Raises ``ValueError`` when neither
+    names one. ``at`` is the submit time, in seconds since the epoch.
+    """
+    resolved = priority_class or spec.priority_class
+    if not resolved:
+        raise ValueError("a job needs a priority class: the spec names none and none was given")
+    job = Job(
+        id=job_id or new_job_id(),
+        name=spec.name,
+        tenant=tenant,
+        queue=spec.queue,
+        user=user,
+        type=spec.type.value,
+        priority_class=resolved,
+        spec=spec.model_dump(mode="json"),
+        state=JobState.SUBMITTED.value,
+        failure_class=None,
+        attempt=0,
+        submit_time=at,
+        not_before=not_before,
+        created_at=at,
+        updated_at=at,
+    )
+    session.add(job)
+    session.flush()  # the event's foreign key needs the job row first
+    session.add(
+        Event(
+            job_id=job.id,
+            at=at,
+            kind=TRANSITION,
+            from_state=None,
+            to_state=JobState.SUBMITTED.value,
+            message="submitted",
+            detail={},
+        )
+    )
+    session.flush()
+    return job
+
+
+def get_job(session: Session, job_id: str, *, for_update: bool = False) -> Job:
+    """The job ``job_id``; raises :class:`NotFound` when there is none.
+
+    ``for_update`` locks the row until the transaction ends (PostgreSQL; SQLite
+    serialises writers anyway).
+    """
+    query = select(Job).where(Job.id == job_id)
+    if for_update:
+        query = query.with_for_update()
+    job = session.scalars(query).one_or_none()
+    if job is None:
+        raise NotFound("job", job_id)
+    return job
+
+
+def transition_job(
+    session: Session,
+    job_id: str,
+    to_state: JobState,
+    *,
+    at: float,
+    message: str,
+    detail: dict[str, Any] | None = None,
+    failure_class: FailureClass | None = None,
+) -> Job:
+    """Move job ``job_id`` to ``to_state`` and append the transition event.
+
+    The move is validated by the domain's :func:`~allotment.domain.lifecycle.transition`
+    before anything is written: an illegal move raises
+    :class:`~allotment.domain.errors.IllegalTransition` (a missing or contradictory
+    failure class ``ValueError``) and leaves the row and the events as they were.
+    Raises :class:`NotFound` for an unknown job. Locks the job row (PostgreSQL).
+    """
+    job = get_job(session, job_id, for_update=True)
+    move = transition(
+        JobState(job.state),
+        to_state,
+        at=at,
+        reason=message,
+        failure=failure_class,
+        detail=detail,
+    )
+    job.state = move.target.value
+    job.failure_class = move.failure.value if move.failure is not None else None
+    job.updated_at = at
+    event_detail = dict(move.detail)
+    session.add(
+        Event(
+            job_id=job.id,
+            at=at,
+            kind=TRANSITION,
+            from_state=move.source.value,
+            to_state=move.target.value,
+            message=move.reason,
+            detail=(
+                {**event_detail, "failure_class": move.failure.value}
+                if move.failure is not None
+                else event_detail
+            ),
+        )
+    )
+    session.flush()
+    return job
+
+
+def record_reason(session: Session, job_id: str, reason: Reason, *, at: float) -> bool:
+    """Keep ``reason`` as the job's waiting condition; return whether it changed.
+
+    Writes (the row and a ``reason`` event) only when the code or the message differs
+    from the stored one, so a scheduler cycle that finds the same reason writes nothing.
+    Raises :class:`NotFound` for an unknown job.
+    """
+    job = get_job(session, job_id)
+    code = reason.code.value
+    if job.reason_code == code and job.reason_message == reason.message:
+        return False
+    job.reason_code = code
+    job.reason_message = reason.message
+    job.reason_detail = dict(reason.detail)
+    job.reason_since = at
+    job.updated_at = at
+    session.add(
+        Event(
+            job_id=job.id,
+            at=at,
+            kind=REASON,
+            from_state=None,
+            to_state=None,
+            message=reason.message,
+            detail=reason.to_dict(),
+        )
+    )
+    session.flush()
+    return True
+
+
+def list_jobs(
+    session: Session,
+    *,
+    queue: str | None = None,
+    tenant: str | None = None,
+    states: Iterable[JobState] | None = None,
+    limit: int = 100,
+    after: str | None = None,
+) -> Sequence[Job]:
+    """Jobs in submission order (``submit_time``, then id), filtered in the query.
+
+    ``after`` is the id of the last job of the previous page (keyset pagination); an
+    unknown ``after`` raises :class:`NotFound`. ``limit`` must be positive.
+    """
+    if limit <= 0:
+        raise ValueError("limit must be positive")
+    query = select(Job)
+    if queue is not None:
+        query = query.where(Job.queue == queue)
+    if tenant is not None:
+        query = query.where(Job.tenant == tenant)
+    if states is not None:
+        query = query.where(Job.state.in_([JobState(s).value for s in states]))
+    if after is not None:
+        last = get_job(session, after)
+        query = query.where(
+            or_(
+                Job.submit_time > last.submit_time,
+                and_(Job.submit_time == last.submit_time, Job.id > last.id),
+            )
+        )
+    query = query.order_by(Job.submit_time, Job.id).limit(limit)
+    return session.scalars(query).all()
+
+
+def events_for(session: Session, job_id: str) -> Sequence[Event]:
+    """The job's events, oldest first (empty for an unknown job)."""
+    return session.scalars(select(Event).where(Event.job_id == job_id).order_by(Event.id)).all()

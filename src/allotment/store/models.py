@@ -1,0 +1,137 @@
+"""The store's tables as SQLAlchemy 2 typed declarative models.
+
+Portable across SQLite and PostgreSQL: structured values are ``sqlalchemy.JSON`` and every
+time is a float of seconds since the epoch (the domain's clock), never a ``DateTime``.
+States and failure classes are stored as their string values; the repositories convert
+them to the domain enums.
+
+Changing a model means adding an Alembic revision under ``migrations/versions``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+"""Deterministic constraint names, so migrations can drop what they created."""
+
+NAME = 128
+"""Length of names: jobs, tenants, queues, users, pools, priority classes."""
+
+STATE = 16
+"""Length of lifecycle states and failure classes."""
+
+# SQLite only auto-increments a column declared exactly INTEGER PRIMARY KEY.
+EventId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class ClusterConfig(Base):
+    """One applied version of ``cluster.yaml``: the text as written and its SHA-256."""
+
+    __tablename__ = "cluster_configs"
+
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    text: Mapped[str] = mapped_column(Text)
+    sha256: Mapped[str] = mapped_column(String(64))
+    applied_at: Mapped[float] = mapped_column(Float)
+    applied_by: Mapped[str | None] = mapped_column(String(NAME))
+
+
+class Job(Base):
+    """A job as submitted, with its current state and latest waiting reason (a condition)."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME))
+    tenant: Mapped[str] = mapped_column(String(NAME))
+    queue: Mapped[str] = mapped_column(String(NAME))
+    user: Mapped[str] = mapped_column(String(NAME))
+    type: Mapped[str] = mapped_column(String(STATE))
+    priority_class: Mapped[str] = mapped_column(String(NAME))
+    spec: Mapped[dict[str, Any]]
+    """The JobSpec as submitted (``JobSpec.model_dump(mode="json")``)."""
+    state: Mapped[str] = mapped_column(String(STATE))
+    failure_class: Mapped[str | None] = mapped_column(String(STATE))
+    """Set while the job is in an ending that carries one; cleared on the next move."""
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    """Number of the latest attempt; 0 before the first start."""
+    submit_time: Mapped[float] = mapped_column(Float)
+    not_before: Mapped[float | None] = mapped_column(Float)
+    reason_code: Mapped[str | None] = mapped_column(String(64))
+    reason_message: Mapped[str | None] = mapped_column(Text)
+    reason_detail: Mapped[dict[str, Any] | None]
+    reason_since: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (
+        Index("ix_jobs_state_submit", "state", "submit_time", "id"),
+        Index("ix_jobs_queue_state", "queue", "state", "submit_time"),
+        Index("ix_jobs_tenant", "tenant"),
+    )
+
+
+class Attempt(Base):
+    """One run of a job: where it was placed, how it ended."""
+
+    __tablename__ = "attempts"
+
+    job_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    number: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    state: Mapped[str] = mapped_column(String(STATE))
+    start_time: Mapped[float | None] = mapped_column(Float)
+    end_time: Mapped[float | None] = mapped_column(Float)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    signal: Mapped[int | None] = mapped_column(Integer)
+    failure_class: Mapped[str | None] = mapped_column(String(STATE))
+    pool: Mapped[str | None] = mapped_column(String(NAME))
+    allocation: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    """Placements: ``[{"group", "index", "node", "resources", "devices"}]``."""
+    borrowed: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    """The part of the allocation charged as borrowed quota, by resource."""
+
+
+class Event(Base):
+    """Something that happened, in order: a state transition, a reason change, a notice."""
+
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(EventId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str | None] = mapped_column(
+        String(64), ForeignKey("jobs.id", ondelete="CASCADE")
+    )
+    at: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(32))
+    from_state: Mapped[str | None] = mapped_column(String(STATE))
+    to_state: Mapped[str | None] = mapped_column(String(STATE))
+    message: Mapped[str] = mapped_column(Text, default="")
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+    __table_args__ = (Index("ix_events_job_id", "job_id", "id"),)

@@ -1,0 +1,229 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from allotment.domain.errors import IllegalTransition, NotFound
+from allotment.domain.job import JobSpec
+from allotment.domain.lifecycle import FailureClass, JobState
+from allotment.domain.reasons import Reason, ReasonCode
+from allotment.store.jobs import (
+    create_job,
+    events_for,
+    get_job,
+    list_jobs,
+    record_reason,
+    transition_job,
+)
+from allotment.store.models import Event
+
+S = JobState
+T0 = 1_700_000_000.0
+
+
+def spec(name: str = "train", queue: str = "research", **extra: Any) -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "name": name,
+            "queue": queue,
+            "priority_class": "normal",
+            "replicas": [{"name": "worker", "count": 2, "resources": {"gpu": 8}}],
+            **extra,
+        }
+    )
+
+
+def submit(sessions: sessionmaker[Session], job_id: str, at: float = T0, **kw: Any) -> None:
+    with sessions.begin() as session:
+        create_job(session, spec(**kw), tenant="acme", user="ada", at=at, job_id=job_id)
+
+
+def move(sessions: sessionmaker[Session], job_id: str, to: JobState, at: float, **kw: Any) -> None:
+    with sessions.begin() as session:
+        transition_job(session, job_id, to, at=at, message=f"to {to.value}", **kw)
+
+
+def test_create_writes_submitted_and_its_event(sessions: sessionmaker[Session]) -> None:
+    submit(sessions, "j-000001")
+    with sessions() as session:
+        job = get_job(session, "j-000001")
+        assert (job.state, job.queue, job.tenant, job.user) == (
+            "submitted",
+            "research",
+            "acme",
+            "ada",
+        )
+        assert (job.priority_class, job.type, job.attempt) == ("normal", "training", 0)
+        assert JobSpec.model_validate(job.spec) == spec()
+        events = events_for(session, "j-000001")
+        assert [(e.kind, e.from_state, e.to_state, e.at) for e in events] == [
+            ("transition", None, "submitted", T0)
+        ]
+
+
+def test_lifecycle_writes_one_event_per_transition(sessions: sessionmaker[Session]) -> None:
+    submit(sessions, "j-1")
+    path = [S.PENDING, S.ADMITTED, S.STARTING, S.RUNNING, S.PREEMPTED, S.PENDING]
+    path += [S.ADMITTED, S.STARTING, S.RUNNING, S.SUCCEEDED]
+    for i, state in enumerate(path, start=1):
+        move(sessions, "j-1", state, T0 + i, detail={"step": i})
+    with sessions() as session:
+        job = get_job(session, "j-1")
+        assert job.state == "succeeded"
+        assert job.failure_class is None
+        assert job.updated_at == T0 + len(path)
+        events = events_for(session, "j-1")
+        moves = [(e.from_state, e.to_state) for e in events[1:]]
+        expected = list(zip(["submitted", *path[:-1]], path, strict=True))
+        assert moves == [(str(a), str(b)) for a, b in expected]
+        assert [e.detail.get("step") for e in events[1:]] == list(range(1, len(path) + 1))
+        preempted = events[5]
+        assert preempted.to_state == "preempted"
+        assert preempted.detail["failure_class"] == "preempted"
+
+
+def test_failure_class_is_kept_on_the_row(sessions: sessionmaker[Session]) -> None:
+    submit(sessions, "j-1")
+    for i, state in enumerate([S.PENDING, S.ADMITTED, S.STARTING, S.RUNNING], start=1):
+        move(sessions, "j-1", state, T0 + i)
+    move(sessions, "j-1", S.FAILED, T0 + 9, failure_class=FailureClass.OOM)
+    with sessions() as session:
+        assert get_job(session, "j-1").failure_class == "oom"
+    move(sessions, "j-1", S.PENDING, T0 + 10)
+    with sessions() as session:
+        assert get_job(session, "j-1").failure_class is None
+
+
+def _snapshot(session: Session, job_id: str) -> tuple[Any, ...]:
+    job = get_job(session, job_id)
+    count = session.scalar(select(func.count()).select_from(Event))
+    return (job.state, job.failure_class, job.updated_at, count)
+
+
+@pytest.mark.parametrize(
+    ("to", "kw", "error"),
+    [
+        (S.RUNNING, {}, IllegalTransition),
+        (S.SUCCEEDED, {}, IllegalTransition),
+        (S.FAILED, {}, ValueError),
+        (S.CANCELLED, {"failure_class": FailureClass.OOM}, ValueError),
+    ],
+)
+def test_illegal_transition_raises_and_writes_nothing(
+    sessions: sessionmaker[Session], to: JobState, kw: dict[str, Any], error: type[Exception]
+) -> None:
+    submit(sessions, "j-1")
+    move(sessions, "j-1", S.PENDING, T0 + 1)
+    with sessions() as session:
+        before = _snapshot(session, "j-1")
+    with pytest.raises(error), sessions.begin() as session:
+        transition_job(session, "j-1", to, at=T0 + 2, message="nope", **kw)
+    with sessions() as session:
+        assert _snapshot(session, "j-1") == before
+
+
+def test_illegal_transition_leaves_the_open_transaction_clean(
+    sessions: sessionmaker[Session],
+) -> None:
+    submit(sessions, "j-1")
+    with sessions.begin() as session:
+        with pytest.raises(IllegalTransition):
+            transition_job(session, "j-1", S.RUNNING, at=T0 + 1, message="nope")
+        assert not session.new and not session.dirty
+        transition_job(session, "j-1", S.PENDING, at=T0 + 2, message="queued")
+    with sessions() as session:
+        assert [e.to_state for e in events_for(session, "j-1")] == ["submitted", "pending"]
+
+
+def test_terminal_state_cannot_be_left(sessions: sessionmaker[Session]) -> None:
+    submit(sessions, "j-1")
+    move(sessions, "j-1", S.CANCELLED, T0 + 1)
+    with pytest.raises(IllegalTransition) as info, sessions.begin() as session:
+        transition_job(session, "j-1", S.PENDING, at=T0 + 2, message="revive")
+    assert info.value.fields == {"from": "cancelled", "to": "pending", "allowed": []}
+
+
+def test_unknown_job_is_not_found(sessions: sessionmaker[Session]) -> None:
+    with sessions() as session:
+        with pytest.raises(NotFound):
+            get_job(session, "j-missing")
+        with pytest.raises(NotFound):
+            transition_job(session, "j-missing", S.PENDING, at=T0, message="x")
+        assert events_for(session, "j-missing") == []
+
+
+def test_list_filters_in_the_query_and_pages(sessions: sessionmaker[Session]) -> None:
+    for i in range(6):
+        submit(sessions, f"j-{i}", at=T0 + i, queue="research" if i % 2 else "prod")
+    move(sessions, "j-1", S.PENDING, T0 + 10)
+    move(sessions, "j-2", S.PENDING, T0 + 10)
+    move(sessions, "j-3", S.CANCELLED, T0 + 10)
+    with sessions() as session:
+
+        def ids(**kw: Any) -> list[str]:
+            return [j.id for j in list_jobs(session, **kw)]
+
+        assert ids() == [f"j-{i}" for i in range(6)]
+        assert ids(queue="research") == ["j-1", "j-3", "j-5"]
+        assert ids(states=[S.PENDING]) == ["j-1", "j-2"]
+        assert ids(queue="research", states=[S.SUBMITTED, S.PENDING]) == ["j-1", "j-5"]
+        assert ids(states=[]) == []
+        assert ids(tenant="other") == []
+        assert ids(limit=2) == ["j-0", "j-1"]
+        assert ids(limit=2, after="j-1") == ["j-2", "j-3"]
+        assert ids(limit=2, after="j-5") == []
+        with pytest.raises(ValueError):
+            ids(limit=0)
+
+
+def test_page_ties_on_submit_time_break_by_id(sessions: sessionmaker[Session]) -> None:
+    for name in ["j-b", "j-a", "j-c"]:
+        submit(sessions, name, at=T0)
+    with sessions() as session:
+        assert [j.id for j in list_jobs(session, after="j-a")] == ["j-b", "j-c"]
+
+
+def test_record_reason_writes_only_changes(sessions: sessionmaker[Session]) -> None:
+    submit(sessions, "j-1")
+    quota = Reason(ReasonCode.QUOTA_EXHAUSTED, "queue research has no gpu left", {"gpu": 0})
+    nofit = Reason(ReasonCode.NO_NODE_FITS, "no node has 8 free gpus")
+    results = []
+    for i, reason in enumerate([quota, quota, nofit, nofit, quota], start=1):
+        with sessions.begin() as session:
+            results.append(record_reason(session, "j-1", reason, at=T0 + i))
+    assert results == [True, False, True, False, True]
+    with sessions() as session:
+        job = get_job(session, "j-1")
+        assert (job.reason_code, job.reason_message) == ("quota_exhausted", quota.message)
+        assert (job.reason_detail, job.reason_since) == ({"gpu": 0}, T0 + 5)
+        reasons = [e for e in events_for(session, "j-1") if e.kind == "reason"]
+        assert [(e.at, e.detail["code"]) for e in reasons] == [
+            (T0 + 1, "quota_exhausted"),
+            (T0 + 3, "no_node_fits"),
+            (T0 + 5, "quota_exhausted"),
+        ]
+
+
+def test_two_sessions_update_different_jobs(sessions: sessionmaker[Session]) -> None:
+    submit(sessions, "j-1")
+    submit(sessions, "j-2")
+    first, second = sessions(), sessions()
+    try:
+        first.begin()
+        second.begin()
+        transition_job(first, "j-1", S.PENDING, at=T0 + 1, message="one")
+        # SQLite serialises writers: the second waits (busy timeout) for the first commit.
+        first.commit()
+        transition_job(second, "j-2", S.CANCELLED, at=T0 + 2, message="two")
+        second.commit()
+    finally:
+        first.close()
+        second.close()
+    with sessions() as session:
+        assert get_job(session, "j-1").state == "pending"
+        assert get_job(session, "j-2").state == "cancelled"
+        assert len(events_for(session, "j-1")) == 2
+        assert len(events_for(session, "j-2")) == 2
