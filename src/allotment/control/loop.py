@@ -1,0 +1,601 @@
+"""The control loop's core: store → scheduler session → one transaction → executor.
+
+:meth:`ControlLoop.cycle` runs one scheduling cycle on a scheduler
+:class:`~allotment.scheduler.session.Session` rebuilt from the store, writes every
+decision in one transaction (admissions with their attempt rows, waiting reasons,
+preemption victims) and only after the commit drives the executor: launches of
+admitted jobs, stops of victims. Executor actions are idempotent per (job, attempt,
+replica), and every job the store calls ``admitted`` is (re)launched
+on each cycle and reconciliation, so a crash between the commit and the launch is
+repaired by calling :meth:`ControlLoop.cycle` or :meth:`ControlLoop.reconcile` again.
+
+:meth:`ControlLoop.observe` turns what the executor sees into lifecycle moves, always
+through :func:`~allotment.store.jobs.transition_job`; :meth:`ControlLoop.reconcile` finds
+zombies (jobs the store believes run but whose replicas the executor has lost) and
+orphans (replicas nobody in the store owns, reported, never killed).
+
+An attempt is *open* from its admission until every replica of it has ended: only then
+are its resources given back to the session (``gone``) and, for a preempted job, is the
+job requeued (``preempted → pending``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from sqlalchemy import and_, select
+from sqlalchemy.orm import Session as DbSession
+from sqlalchemy.orm import sessionmaker
+
+from allotment.domain.cluster import Cluster
+from allotment.domain.errors import NotFound
+from allotment.domain.job import JobSpec
+from allotment.domain.lifecycle import ACTIVE, FailureClass, JobState
+from allotment.domain.resources import CPU, MEMORY
+from allotment.executors.base import (
+    Executor,
+    LaunchRequest,
+    ReplicaKey,
+    ReplicaPhase,
+    ReplicaStatus,
+)
+from allotment.executors.failures import classify
+from allotment.scheduler.decisions import Decisions
+from allotment.scheduler.session import Session
+from allotment.scheduler.snapshot import (
+    PendingJob,
+    ReplicaPlacement,
+    RunningJob,
+    SchedulerPolicy,
+    pending_from_spec,
+)
+from allotment.store.jobs import get_job, record_reason, transition_job
+from allotment.store.models import Attempt, Job
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STOP_GRACE_S = 30.0
+"""Seconds between SIGTERM and SIGKILL when the loop stops a replica."""
+
+_S = JobState
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Move:
+    """A lifecycle move the loop made, for callers and logs."""
+
+    job: str
+    source: JobState
+    target: JobState
+    failure: FailureClass | None = None
+
+
+def allocation_json(placements: Sequence[ReplicaPlacement]) -> list[Any]:
+    """Placements as stored in ``Attempt.allocation``."""
+    return [
+        {
+            "group": p.group,
+            "index": p.index,
+            "node": p.node,
+            "resources": dict(p.resources),
+            "devices": list(p.devices),
+        }
+        for p in placements
+    ]
+
+
+def placements_from_json(allocation: Sequence[Any]) -> tuple[ReplicaPlacement, ...]:
+    """The inverse of :func:`allocation_json`."""
+    return tuple(
+        ReplicaPlacement(
+            group=str(item["group"]),
+            index=int(item["index"]),
+            node=str(item["node"]),
+            resources={str(k): int(v) for k, v in dict(item.get("resources", {})).items()},
+            devices=tuple(int(d) for d in item.get("devices", ())),
+        )
+        for item in allocation
+    )
+
+
+def replica_keys(job_id: str, attempt: int, allocation: Sequence[Any]) -> list[ReplicaKey]:
+    """The executor keys of every replica of an attempt."""
+    return [ReplicaKey(job_id, attempt, p.group, p.index) for p in placements_from_json(allocation)]
+
+
+class ControlLoop:
+    """Drives one cluster: scheduler session, store and executor.
+
+    ``store_sessions`` makes database sessions; ``clock`` returns seconds since the
+    epoch and must not go backwards. ``work_root`` holds each attempt's working
+    directory (``work_root/<job>/<attempt>``). Nothing is read before the first call.
+    """
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        store_sessions: sessionmaker[DbSession],
+        executor: Executor,
+        *,
+        work_root: Path,
+        clock: Callable[[], float],
+        policy: SchedulerPolicy | None = None,
+        stop_grace_s: float = DEFAULT_STOP_GRACE_S,
+    ) -> None:
+        self.cluster = cluster
+        self.store_sessions = store_sessions
+        self.executor = executor
+        self.work_root = Path(work_root)
+        self.clock = clock
+        self.policy = policy
+        self.stop_grace_s = stop_grace_s
+        self._session: Session | None = None
+        self._nominated: set[str] = set()
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def session(self) -> Session:
+        """The scheduler session, rebuilt from the store on first use."""
+        if self._session is None:
+            return self.rebuild()
+        return self._session
+
+    def rebuild(self) -> Session:
+        """A fresh scheduler session from the store: every open attempt holds its
+        allocation (stopping, when its job already ended or was preempted), every
+        pending job waits in its line."""
+        session = Session(self.cluster, self.policy, now=self.clock())
+        with self.store_sessions() as db:
+            for job, attempt in self._open(db):
+                session.started(self._running(job, attempt))
+                if _S(job.state) not in ACTIVE:
+                    session.stopping(job.id)
+            for job in self._pending_rows(db):
+                if job.id not in session.running:
+                    session.submit(self._pending(job))
+        self._session = session
+        self._nominated.clear()
+        return session
+
+    # ------------------------------------------------------------------ cycle
+
+    def cycle(self) -> Decisions:
+        """One scheduling cycle; its decisions are committed together, then acted on."""
+        session = self.session
+        now = self.clock()
+        self._sync_pending(session)
+        decisions = session.cycle(now)
+        for job_id in self._nominated:
+            waiting = session.pending_job(job_id)
+            if waiting is not None and waiting.preempting:
+                session.update(replace(waiting, preempting=()))
+        self._nominated.clear()
+        victims: list[str] = []
+        try:
+            with self.store_sessions.begin() as db:
+                for admit in decisions.admitted:
+                    job = get_job(db, admit.job)
+                    number = job.attempt + 1
+                    db.add(
+                        Attempt(
+                            job_id=job.id,
+                            number=number,
+                            state=_S.ADMITTED.value,
+                            start_time=now,
+                            pool=admit.pool,
+                            allocation=allocation_json(admit.placements),
+                            borrowed=dict(admit.borrowed),
+                        )
+                    )
+                    job.attempt = number
+                    transition_job(
+                        db,
+                        job.id,
+                        _S.ADMITTED,
+                        at=now,
+                        message="admitted",
+                        detail={
+                            "attempt": number,
+                            "pool": admit.pool,
+                            "borrowed": dict(admit.borrowed),
+                            "backfilled": admit.backfilled,
+                        },
+                    )
+                for job_id, reason in decisions.waiting.items():
+                    try:
+                        record_reason(db, job_id, reason, at=now)
+                    except NotFound:
+                        continue
+                for preempt in decisions.preemptions:
+                    for victim in preempt.victims:
+                        row = db.get(Job, victim.job)
+                        if row is None or _S(row.state) not in ACTIVE:
+                            continue
+                        transition_job(
+                            db,
+                            victim.job,
+                            _S.PREEMPTED,
+                            at=now,
+                            message=victim.message,
+                            detail={"cause": victim.cause, "preemptor": preempt.job},
+                        )
+                        self._set_attempt_state(db, row)
+                        victims.append(victim.job)
+        except Exception:
+            self._session = None  # the session ran ahead of the store: rebuild it
+            raise
+        for preempt in decisions.preemptions:
+            waiting = session.pending_job(preempt.job)
+            if waiting is not None:
+                ids = tuple(v.job for v in preempt.victims)
+                session.update(replace(waiting, preempting=ids))
+                self._nominated.add(preempt.job)
+        for job_id in victims:
+            session.stopping(job_id)
+        self._stop_jobs(victims)
+        self._launch_admitted()
+        return decisions
+
+    def _sync_pending(self, session: Session) -> None:
+        """Pending jobs the store has and the session lacks join it; those the store no
+        longer calls pending leave it."""
+        with self.store_sessions() as db:
+            rows = list(self._pending_rows(db))
+        in_store = {row.id for row in rows}
+        for row in rows:
+            if session.pending_job(row.id) is None and row.id not in session.running:
+                session.submit(self._pending(row))
+        for job in list(session.pending()):
+            if job.id not in in_store:
+                session.withdraw(job.id)
+
+    def _launch_admitted(self) -> list[Move]:
+        """Launch every replica of every admitted job (idempotent), then move it to
+        ``starting``."""
+        moves: list[Move] = []
+        with self.store_sessions() as db:
+            rows = [
+                (job.id, JobSpec.model_validate(job.spec), attempt.number, attempt.allocation)
+                for job, attempt in self._open(db)
+                if job.state == _S.ADMITTED.value
+            ]
+        for job_id, spec, number, allocation in rows:
+            placements = placements_from_json(allocation)
+            failure: str | None = None
+            if not spec.command:
+                failure = "the job has no command"
+            else:
+                try:
+                    for placement in placements:
+                        self.executor.launch(self._request(job_id, spec, number, placement))
+                except OSError as exc:
+                    failure = f"launch failed: {exc}"
+            now = self.clock()
+            with self.store_sessions.begin() as db:
+                job = get_job(db, job_id)
+                if job.state != _S.ADMITTED.value or job.attempt != number:
+                    continue
+                if failure is None:
+                    transition_job(
+                        db,
+                        job_id,
+                        _S.STARTING,
+                        at=now,
+                        message="launched",
+                        detail={"attempt": number, "replicas": len(placements)},
+                    )
+                    moves.append(Move(job=job_id, source=_S.ADMITTED, target=_S.STARTING))
+                else:
+                    klass = FailureClass.USER_CODE if not spec.command else FailureClass.RESOURCES
+                    transition_job(
+                        db, job_id, _S.FAILED, at=now, message=failure, failure_class=klass
+                    )
+                    moves.append(
+                        Move(job=job_id, source=_S.ADMITTED, target=_S.FAILED, failure=klass)
+                    )
+                self._set_attempt_state(db, job)
+            if failure is not None:
+                self._stop_keys(replica_keys(job_id, number, allocation))
+        return moves
+
+    def _request(
+        self, job_id: str, spec: JobSpec, number: int, placement: ReplicaPlacement
+    ) -> LaunchRequest:
+        workdir = self.work_root / quote(job_id, safe="").replace(".", "%2E") / str(number)
+        workdir.mkdir(parents=True, exist_ok=True)
+        memory = placement.resources.get(MEMORY, 0) // 1000
+        cpu = placement.resources.get(CPU, 0)
+        env = {
+            **spec.env,
+            "ALLOTMENT_JOB_ID": job_id,
+            "ALLOTMENT_ATTEMPT": str(number),
+            "ALLOTMENT_REPLICA": placement.group,
+            "ALLOTMENT_REPLICA_INDEX": str(placement.index),
+        }
+        return LaunchRequest(
+            job_id=job_id,
+            attempt=number,
+            replica=placement.group,
+            index=placement.index,
+            command=list(spec.command),
+            env=env,
+            workdir=workdir,
+            devices=placement.devices,
+            cpu_millis=cpu or None,
+            memory_bytes=memory or None,
+            max_runtime=spec.max_runtime,
+        )
+
+    # ------------------------------------------------------------------ events
+
+    def observe(self) -> list[Move]:
+        """Apply what the executor sees to the lifecycle; return the moves made.
+
+        ``starting → running`` once every replica has started; ``→ succeeded`` when all
+        exited 0; ``→ failed`` (class from :func:`classify`) when one failed, the others
+        being stopped. An attempt whose job is no longer active is closed once all its
+        replicas ended: its resources are freed, and a preempted job is requeued.
+        Replicas the executor does not know are left to :meth:`reconcile`.
+        """
+        statuses = self.executor.observe()
+        session = self.session
+        now = self.clock()
+        moves: list[Move] = []
+        to_stop: list[ReplicaKey] = []
+        gone: list[str] = []
+        requeued: list[PendingJob] = []
+        with self.store_sessions.begin() as db:
+            for job, attempt in self._open(db):
+                state = _S(job.state)
+                if state is _S.ADMITTED:
+                    continue
+                keys = replica_keys(job.id, attempt.number, attempt.allocation)
+                seen = {key: statuses.get(key) for key in keys}
+                if state in (_S.STARTING, _S.RUNNING):
+                    known = {k: s for k, s in seen.items() if s is not None}
+                    if len(known) < len(keys):
+                        continue  # a zombie: reconcile() decides
+                    state = self._apply(db, job, attempt, known, now, moves, to_stop)
+                    if state is _S.SUCCEEDED:
+                        self._close(attempt, known, now)
+                        gone.append(job.id)
+                        continue
+                if state in ACTIVE:
+                    continue
+                if all(s is None or s.ended for s in seen.values()):
+                    self._close(attempt, {k: s for k, s in seen.items() if s is not None}, now)
+                    gone.append(job.id)
+                    if state is _S.PREEMPTED:
+                        transition_job(
+                            db,
+                            job.id,
+                            _S.PENDING,
+                            at=now,
+                            message="requeued after preemption",
+                            detail={"attempt": attempt.number},
+                        )
+                        moves.append(Move(job=job.id, source=state, target=_S.PENDING))
+                        requeued.append(self._pending(job))
+        for job_id in gone:
+            session.gone(job_id)
+        for pending in requeued:
+            if session.pending_job(pending.id) is None:
+                session.submit(pending)
+        self._stop_keys(to_stop)
+        return moves
+
+    def _apply(
+        self,
+        db: DbSession,
+        job: Job,
+        attempt: Attempt,
+        seen: Mapping[ReplicaKey, ReplicaStatus],
+        now: float,
+        moves: list[Move],
+        to_stop: list[ReplicaKey],
+    ) -> JobState:
+        """Move a starting or running job as its replicas' statuses say; return the new
+        state."""
+        state = _S(job.state)
+        started = all(
+            s.phase is ReplicaPhase.RUNNING or (s.ended and s.started_at is not None)
+            for s in seen.values()
+        )
+        if state is _S.STARTING and started:
+            state = self._move(db, job, _S.RUNNING, now, "all replicas running", moves)
+            attempt.start_time = min(
+                (s.started_at for s in seen.values() if s.started_at is not None),
+                default=now,
+            )
+        failures: list[tuple[float, ReplicaKey, ReplicaStatus, FailureClass]] = []
+        for key, status in seen.items():
+            if status.ended:
+                klass = classify(status)
+                if klass is not None:
+                    failures.append((status.ended_at or now, key, status, klass))
+        if failures:
+            _, key, status, klass = min(failures, key=lambda f: (f[0], f[1]))
+            how = (
+                f"signal {status.signal}"
+                if status.signal is not None
+                else f"exit code {status.exit_code}"
+                if status.exit_code is not None
+                else status.detail or status.phase.value
+            )
+            state = self._move(
+                db,
+                job,
+                _S.FAILED,
+                now,
+                f"replica {key.replica}-{key.index} ended: {how}",
+                moves,
+                failure=klass,
+                detail={"replica": f"{key.replica}-{key.index}", "phase": status.phase.value},
+            )
+            attempt.exit_code = status.exit_code
+            attempt.signal = status.signal
+            to_stop.extend(k for k, s in seen.items() if not s.ended)
+        elif all(s.ended for s in seen.values()):
+            state = self._move(db, job, _S.SUCCEEDED, now, "all replicas exited 0", moves)
+            attempt.exit_code = 0
+        return state
+
+    def _move(
+        self,
+        db: DbSession,
+        job: Job,
+        target: JobState,
+        now: float,
+        message: str,
+        moves: list[Move],
+        *,
+        failure: FailureClass | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> JobState:
+        source = _S(job.state)
+        transition_job(
+            db, job.id, target, at=now, message=message, detail=detail, failure_class=failure
+        )
+        self._set_attempt_state(db, job)
+        moves.append(Move(job=job.id, source=source, target=target, failure=failure))
+        return target
+
+    def _close(
+        self, attempt: Attempt, seen: Mapping[ReplicaKey, ReplicaStatus], now: float
+    ) -> None:
+        ends = [s.ended_at for s in seen.values() if s.ended_at is not None]
+        attempt.end_time = max(ends, default=now)
+
+    def _set_attempt_state(self, db: DbSession, job: Job) -> None:
+        attempt = db.get(Attempt, (job.id, job.attempt))
+        if attempt is not None:
+            attempt.state = job.state
+            if job.failure_class is not None:
+                attempt.failure_class = job.failure_class
+
+    # ------------------------------------------------------------------ reconcile
+
+    def reconcile(self) -> list[ReplicaKey]:
+        """Compare the store with the executor; return the orphans.
+
+        A starting or running job with a replica the executor does not know, or reports
+        ``lost``, is a zombie: it fails with ``node_failure`` and its other replicas are
+        stopped. A replica that has not ended and belongs to no open attempt is an
+        orphan: returned, left running. Also repeats the actions a crash may have cut
+        short: launching admitted jobs, stopping replicas of ended or preempted jobs.
+        """
+        statuses = self.executor.observe()
+        session = self.session
+        now = self.clock()
+        known: set[ReplicaKey] = set()
+        to_stop: list[ReplicaKey] = []
+        gone: list[str] = []
+        moves: list[Move] = []
+        with self.store_sessions.begin() as db:
+            for job, attempt in self._open(db):
+                keys = replica_keys(job.id, attempt.number, attempt.allocation)
+                known.update(keys)
+                state = _S(job.state)
+                alive = [k for k in keys if k in statuses and not statuses[k].ended]
+                if state not in ACTIVE:
+                    to_stop.extend(alive)
+                    continue
+                if state is _S.ADMITTED:
+                    continue
+                missing = [str(k) for k in keys if k not in statuses]
+                lost = [str(k) for k in keys if k in statuses and statuses[k].phase is _LOST]
+                if not missing and not lost:
+                    continue
+                self._move(
+                    db,
+                    job,
+                    _S.FAILED,
+                    now,
+                    "zombie: the executor lost its replicas",
+                    moves,
+                    failure=FailureClass.NODE_FAILURE,
+                    detail={"missing": missing, "lost": lost},
+                )
+                to_stop.extend(alive)
+                if not alive:
+                    self._close(attempt, {}, now)
+                    gone.append(job.id)
+        for job_id in gone:
+            session.gone(job_id)
+        self._stop_keys(to_stop)
+        self._launch_admitted()
+        orphans = sorted(k for k, s in statuses.items() if not s.ended and k not in known)
+        for key in orphans:
+            log.warning("orphan replica %s: the store knows no open attempt of it", key)
+        return orphans
+
+    # ------------------------------------------------------------------ helpers
+
+    def _stop_jobs(self, job_ids: Sequence[str]) -> None:
+        if not job_ids:
+            return
+        with self.store_sessions() as db:
+            keys = [
+                key
+                for job, attempt in self._open(db)
+                if job.id in set(job_ids)
+                for key in replica_keys(job.id, attempt.number, attempt.allocation)
+            ]
+        self._stop_keys(keys)
+
+    def _stop_keys(self, keys: Sequence[ReplicaKey]) -> None:
+        for key in keys:
+            try:
+                self.executor.stop(key, self.stop_grace_s)
+            except OSError as exc:  # reconciliation will try again
+                log.warning("could not stop %s: %s", key, exc)
+
+    @staticmethod
+    def _open(db: DbSession) -> list[tuple[Job, Attempt]]:
+        """Jobs whose latest attempt has not ended, in submission order."""
+        query = (
+            select(Job, Attempt)
+            .join(Attempt, and_(Attempt.job_id == Job.id, Attempt.number == Job.attempt))
+            .where(Attempt.end_time.is_(None))
+            .order_by(Job.submit_time, Job.id)
+        )
+        return [(job, attempt) for job, attempt in db.execute(query).tuples()]
+
+    @staticmethod
+    def _pending_rows(db: DbSession) -> Sequence[Job]:
+        query = select(Job).where(Job.state == _S.PENDING.value).order_by(Job.submit_time, Job.id)
+        return db.scalars(query).all()
+
+    def _pending(self, job: Job) -> PendingJob:
+        return pending_from_spec(
+            job.id,
+            JobSpec.model_validate(job.spec),
+            self.cluster,
+            submit_time=job.submit_time,
+            not_before=job.not_before,
+        )
+
+    def _running(self, job: Job, attempt: Attempt) -> RunningJob:
+        pending = self._pending(job)
+        start = attempt.start_time if attempt.start_time is not None else job.updated_at
+        return RunningJob(
+            id=job.id,
+            queue=pending.queue,
+            priority_class=pending.priority_class,
+            pool=attempt.pool or "",
+            start_time=start,
+            placements=placements_from_json(attempt.allocation),
+            expected_end=(
+                None if pending.expected_runtime is None else start + pending.expected_runtime
+            ),
+            max_end=None if pending.max_runtime is None else start + pending.max_runtime,
+        )
+
+
+_LOST = ReplicaPhase.LOST

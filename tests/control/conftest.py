@@ -1,0 +1,146 @@
+"""Control loop fixtures: a real SQLite store, the real local executor, real processes
+(every one of them killed in teardown)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from allotment.control.loop import ControlLoop
+from allotment.domain.cluster import Cluster
+from allotment.domain.job import JobSpec
+from allotment.domain.lifecycle import JobState
+from allotment.domain.loading import load_cluster
+from allotment.executors.local import LocalExecutor
+from allotment.store import migrate
+from allotment.store.db import make_engine, session_factory
+from allotment.store.jobs import create_job, get_job, transition_job
+
+PY = sys.executable
+CLUSTER = Path(__file__).resolve().parents[2] / "examples" / "cluster-local.yaml"
+
+
+def kill_everything(root: Path) -> None:
+    """SIGKILL every supervisor (its own group) and every replica group under ``root``."""
+    for name in ("launch.json", "state.json"):
+        for path in root.glob(f"*/*/*/{name}"):
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            for field in ("supervisor_pid", "pgid"):
+                pgid = data.get(field)
+                if isinstance(pgid, int):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(pgid, signal.SIGKILL)
+
+
+@pytest.fixture
+def cluster() -> Cluster:
+    return load_cluster(CLUSTER)
+
+
+@pytest.fixture
+def sessions(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(f"sqlite:///{tmp_path / 'allotment.db'}")
+    migrate.upgrade(engine)
+    yield session_factory(engine)
+    engine.dispose()
+
+
+@pytest.fixture
+def state_root(tmp_path: Path) -> Iterator[Path]:
+    root = tmp_path / "state"
+    yield root
+    kill_everything(root)
+
+
+MakeLoop = Callable[[], ControlLoop]
+
+
+@pytest.fixture
+def make_loop(
+    cluster: Cluster, sessions: sessionmaker[Session], state_root: Path, tmp_path: Path
+) -> Iterator[MakeLoop]:
+    """A new loop (and a new executor) on the same store and state root each call."""
+    executors: list[LocalExecutor] = []
+
+    def make() -> ControlLoop:
+        executor = LocalExecutor(state_root)
+        executors.append(executor)
+        return ControlLoop(
+            cluster,
+            sessions,
+            executor,
+            work_root=tmp_path / "work",
+            clock=time.time,
+            stop_grace_s=1.0,
+        )
+
+    yield make
+    kill_everything(state_root)
+    for executor in executors:
+        for child in executor._children.values():
+            with contextlib.suppress(Exception):
+                child.wait(timeout=5)
+
+
+Submit = Callable[..., str]
+
+
+@pytest.fixture
+def submit(sessions: sessionmaker[Session]) -> Submit:
+    """Submit a job as the API will: create it, then move it to pending."""
+
+    def submit(code: str, *, queue: str = "default", replicas: int = 1, **res: Any) -> str:
+        resources = {"gpu": 1, "cpu": 1, "memory": "1Gi", **res}
+        spec = JobSpec.model_validate(
+            {
+                "name": "t",
+                "queue": queue,
+                "replicas": [{"count": replicas, "resources": resources}],
+                "command": [PY, "-c", code],
+            }
+        )
+        now = time.time()
+        with sessions.begin() as db:
+            job = create_job(db, spec, tenant="me", user="me", at=now, priority_class="training")
+            transition_job(db, job.id, JobState.PENDING, at=now, message="accepted")
+            return job.id
+
+    return submit
+
+
+def state_of(sessions: sessionmaker[Session], job_id: str) -> JobState:
+    with sessions() as db:
+        return JobState(get_job(db, job_id).state)
+
+
+def run_until(
+    loop: ControlLoop,
+    sessions: sessionmaker[Session],
+    job_id: str,
+    states: set[JobState],
+    timeout: float = 10.0,
+) -> JobState:
+    """Observe (and cycle) until the job reaches one of ``states``."""
+    deadline = time.monotonic() + timeout
+    state = state_of(sessions, job_id)
+    while time.monotonic() < deadline:
+        loop.observe()
+        loop.cycle()
+        state = state_of(sessions, job_id)
+        if state in states:
+            return state
+        time.sleep(0.05)
+    raise AssertionError(f"{job_id} did not reach {states}; last state {state}")

@@ -1,0 +1,228 @@
+"""The control loop end to end: real store, real local executor, real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from allotment.control.loop import ControlLoop
+from allotment.domain.lifecycle import FailureClass, JobState
+from allotment.executors.base import LaunchRequest, ReplicaKey
+from allotment.executors.local import LocalExecutor
+from allotment.store.jobs import TRANSITION, events_for, get_job
+from allotment.store.models import Attempt
+from tests.control.conftest import MakeLoop, Submit, run_until, state_of
+
+S = JobState
+
+
+class Crash(Exception):
+    pass
+
+
+PRINT_DEVICES = "import os; print('devices=' + os.environ['CUDA_VISIBLE_DEVICES'])"
+
+
+def transitions(sessions: sessionmaker[Session], job_id: str) -> list[str]:
+    with sessions() as db:
+        return [e.to_state or "" for e in events_for(db, job_id) if e.kind == TRANSITION]
+
+
+def attempts(sessions: sessionmaker[Session], job_id: str) -> list[Attempt]:
+    with sessions() as db:
+        query = select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)
+        return list(db.scalars(query).all())
+
+
+def key_of(job_id: str, index: int = 0, attempt: int = 1) -> ReplicaKey:
+    return ReplicaKey(job_id, attempt, "worker", index)
+
+
+def executor_of(loop: ControlLoop) -> LocalExecutor:
+    executor = loop.executor
+    assert isinstance(executor, LocalExecutor)
+    return executor
+
+
+def test_a_one_gpu_job_runs_to_success_with_its_device(
+    make_loop: MakeLoop, sessions: sessionmaker[Session], submit: Submit
+) -> None:
+    loop = make_loop()
+    job_id = submit(PRINT_DEVICES)
+    decisions = loop.cycle()
+    assert decisions.admitted_ids() == {job_id}
+    assert state_of(sessions, job_id) is S.STARTING
+    assert run_until(loop, sessions, job_id, {S.SUCCEEDED, S.FAILED}) is S.SUCCEEDED
+    [attempt] = attempts(sessions, job_id)
+    [placement] = attempt.allocation
+    assert attempt.number == 1 and attempt.pool == "local" and attempt.state == "succeeded"
+    assert attempt.end_time is not None and attempt.exit_code == 0
+    log = executor_of(loop).replica_dir(key_of(job_id)) / "stdout.log"
+    assert log.read_text().strip() == f"devices={placement['devices'][0]}"
+    assert transitions(sessions, job_id) == [
+        "submitted",
+        "pending",
+        "admitted",
+        "starting",
+        "running",
+        "succeeded",
+    ]
+    assert loop.session.running == {}  # resources given back
+
+
+def test_a_job_exiting_1_fails_with_user_code(
+    make_loop: MakeLoop, sessions: sessionmaker[Session], submit: Submit
+) -> None:
+    loop = make_loop()
+    job_id = submit("import sys; sys.exit(1)")
+    loop.cycle()
+    assert run_until(loop, sessions, job_id, {S.SUCCEEDED, S.FAILED}) is S.FAILED
+    with sessions() as db:
+        assert get_job(db, job_id).failure_class == FailureClass.USER_CODE.value
+    [attempt] = attempts(sessions, job_id)
+    assert (attempt.exit_code, attempt.failure_class) == (1, "user_code")
+    assert attempt.end_time is not None
+    assert job_id not in loop.session.running
+
+
+def test_a_gang_of_two_starts_both_replicas(
+    make_loop: MakeLoop, sessions: sessionmaker[Session], submit: Submit
+) -> None:
+    loop = make_loop()
+    job_id = submit("import time; time.sleep(1.5)", replicas=2)
+    loop.cycle()
+    assert run_until(loop, sessions, job_id, {S.RUNNING, S.SUCCEEDED}) is S.RUNNING
+    seen = executor_of(loop).observe()
+    assert {key_of(job_id, 0), key_of(job_id, 1)} <= set(seen)
+    [attempt] = attempts(sessions, job_id)
+    devices = sorted(d for p in attempt.allocation for d in p["devices"])
+    assert devices == [0, 1]
+    assert run_until(loop, sessions, job_id, {S.SUCCEEDED, S.FAILED}) is S.SUCCEEDED
+
+
+def test_a_job_too_big_for_its_queue_waits_with_a_reason(
+    make_loop: MakeLoop, sessions: sessionmaker[Session], submit: Submit
+) -> None:
+    loop = make_loop()
+    job_id = submit("print(1)", gpu=4)
+    decisions = loop.cycle()
+    assert job_id in decisions.waiting
+    assert state_of(sessions, job_id) is S.PENDING
+    with sessions() as db:
+        job = get_job(db, job_id)
+        assert job.reason_code == decisions.waiting[job_id].code.value
+        assert job.reason_message
+        reasons = [e for e in events_for(db, job_id) if e.kind == "reason"]
+    loop.cycle()  # the same reason again writes nothing
+    with sessions() as db:
+        assert len([e for e in events_for(db, job_id) if e.kind == "reason"]) == len(reasons)
+    assert attempts(sessions, job_id) == []
+
+
+def test_a_new_loop_re_adopts_a_running_job_after_a_crash(
+    make_loop: MakeLoop, sessions: sessionmaker[Session], submit: Submit
+) -> None:
+    first = make_loop()
+    job_id = submit("import time; time.sleep(2)")
+    first.cycle()
+    assert run_until(first, sessions, job_id, {S.RUNNING, S.SUCCEEDED}) is S.RUNNING
+    del first  # the crash
+
+    second = make_loop()
+    assert job_id in second.rebuild().running
+    assert second.reconcile() == []
+    assert second.cycle().admitted == []
+    assert run_until(second, sessions, job_id, {S.SUCCEEDED, S.FAILED}) is S.SUCCEEDED
+    assert [a.number for a in attempts(sessions, job_id)] == [1]
+    replica_dirs = list(executor_of(second).state_root.glob("*/*/*/spec.json"))
+    assert len(replica_dirs) == 1
+    assert transitions(sessions, job_id).count("starting") == 1
+
+
+def test_a_crash_between_commit_and_launch_is_repaired(
+    make_loop: MakeLoop, sessions: sessionmaker[Session], submit: Submit
+) -> None:
+    first = make_loop()
+    job_id = submit("print('late')")
+
+    def crash(_request: object) -> str:
+        raise Crash  # not an OSError: the loop dies after its commit, before launching
+
+    executor_of(first).launch = crash  # type: ignore[method-assign]
+    with pytest.raises(Crash):
+        first.cycle()
+    assert state_of(sessions, job_id) is S.ADMITTED
+
+    second = make_loop()
+    assert second.reconcile() == []
+    assert state_of(sessions, job_id) is S.STARTING
+    assert run_until(second, sessions, job_id, {S.SUCCEEDED, S.FAILED}) is S.SUCCEEDED
+    assert [a.number for a in attempts(sessions, job_id)] == [1]
+
+
+def test_reconcile_marks_a_job_whose_replica_vanished_a_zombie(
+    make_loop: MakeLoop, sessions: sessionmaker[Session], submit: Submit
+) -> None:
+    loop = make_loop()
+    job_id = submit("import time; time.sleep(30)")
+    loop.cycle()
+    assert run_until(loop, sessions, job_id, {S.RUNNING}) is S.RUNNING
+    directory = executor_of(loop).replica_dir(key_of(job_id))
+    state = json.loads((directory / "state.json").read_text())
+    for pgid in (state["supervisor_pid"], state["pgid"]):
+        os.killpg(pgid, signal.SIGKILL)
+    shutil.rmtree(directory)
+
+    assert loop.reconcile() == []
+    assert state_of(sessions, job_id) is S.FAILED
+    with sessions() as db:
+        assert get_job(db, job_id).failure_class == FailureClass.NODE_FAILURE.value
+    [attempt] = attempts(sessions, job_id)
+    assert attempt.end_time is not None
+    assert job_id not in loop.session.running
+
+
+def test_reconcile_marks_a_job_whose_supervisor_was_killed_a_zombie(
+    make_loop: MakeLoop, sessions: sessionmaker[Session], submit: Submit
+) -> None:
+    loop = make_loop()
+    job_id = submit("import time; time.sleep(30)")
+    loop.cycle()
+    assert run_until(loop, sessions, job_id, {S.RUNNING}) is S.RUNNING
+    directory = executor_of(loop).replica_dir(key_of(job_id))
+    state = json.loads((directory / "state.json").read_text())
+    os.killpg(state["supervisor_pid"], signal.SIGKILL)
+    os.killpg(state["pgid"], signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while executor_of(loop).observe()[key_of(job_id)].phase.value != "lost":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+    assert loop.reconcile() == []
+    with sessions() as db:
+        job = get_job(db, job_id)
+        assert (job.state, job.failure_class) == ("failed", "node_failure")
+
+
+def test_replicas_the_store_does_not_know_are_orphans_left_running(
+    make_loop: MakeLoop, sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    loop = make_loop()
+    request = LaunchRequest(
+        job_id="stranger",
+        attempt=1,
+        command=[sys.executable, "-c", "import time; time.sleep(30)"],
+        workdir=tmp_path,
+    )
+    executor_of(loop).launch(request)
+    assert loop.reconcile() == [request.key]
+    assert not executor_of(loop).observe()[request.key].ended
