@@ -226,3 +226,30 @@ def test_replicas_the_store_does_not_know_are_orphans_left_running(
     executor_of(loop).launch(request)
     assert loop.reconcile() == [request.key]
     assert not executor_of(loop).observe()[request.key].ended
+
+
+def test_reclaim_preempts_a_borrower_which_is_requeued(
+    make_loop: MakeLoop, sessions: sessionmaker[Session], submit: Submit
+) -> None:
+    loop = make_loop()
+    borrower = submit("import time; time.sleep(30)", queue="batch", gpu=2)
+    loop.cycle()
+    assert run_until(loop, sessions, borrower, {S.RUNNING}) is S.RUNNING
+    owner = submit("print('mine')")
+    decisions = loop.cycle()
+    assert [v.job for p in decisions.preemptions for v in p.victims] == [borrower]
+    assert state_of(sessions, borrower) is S.PREEMPTED
+
+    assert run_until(loop, sessions, owner, {S.SUCCEEDED, S.FAILED}) is S.SUCCEEDED
+    assert state_of(sessions, borrower) in {S.PENDING, S.ADMITTED, S.STARTING, S.RUNNING}
+    assert transitions(sessions, borrower)[:7] == [
+        "submitted",
+        "pending",
+        "admitted",
+        "starting",
+        "running",
+        "preempted",
+        "pending",
+    ]
+    first = attempts(sessions, borrower)[0]
+    assert first.failure_class == "preempted" and first.end_time is not None
