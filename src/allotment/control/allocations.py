@@ -1,0 +1,43 @@
+"""Allocations as the store keeps them (``Attempt.allocation``), and the executor keys
+of their replicas."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from allotment.executors.base import ReplicaKey
+from allotment.scheduler.snapshot import ReplicaPlacement
+
+
+def allocation_json(placements: Sequence[ReplicaPlacement]) -> list[Any]:
+    """Placements as stored in ``Attempt.allocation``."""
+    return [
+        {
+            "group": p.group,
+            "index": p.index,
+            "node": p.node,
+            "resources": dict(p.resources),
+            "devices": list(p.devices),
+        }
+        for p in placements
+    ]
+
+
+def placements_from_json(allocation: Sequence[Any]) -> tuple[ReplicaPlacement, ...]:
+    """The inverse of :func:`allocation_json`."""
+    return tuple(
+        ReplicaPlacement(
+            group=str(item["group"]),
+            index=int(item["index"]),
+            node=str(item["node"]),
+            resources={str(k): int(v) for k, v in dict(item.get("resources", {})).items()},
+            devices=tuple(int(d) for d in item.get("devices", ())),
+        )
+        for item in allocation
+    )
+
+
+def replica_keys(job_id: str, attempt: int, allocation: Sequence[Any]) -> list[ReplicaKey]:
+    """The executor keys of every replica of an attempt."""
+    return [ReplicaKey(job_id, attempt, p.group, p.index) for p in placements_from_json(allocation)]
