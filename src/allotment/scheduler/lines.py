@@ -103,7 +103,6 @@ class SortedLine(QueueLine):
         gone = {j for j in job_ids if j in self._key_of}
         if len(gone) <= 8:
             return [job for j in gone if (job := self.remove(j)) is not None]
-        removed: list[PendingJob] = []
         keep = [i for i, job_id in enumerate(self.ids) if job_id not in gone]
         removed = [self.jobs[i] for i, job_id in enumerate(self.ids) if job_id in gone]
         self.keys = [self.keys[i] for i in keep]
