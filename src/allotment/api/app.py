@@ -1,0 +1,34 @@
+"""The composition root of the HTTP API."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from fastapi import FastAPI
+from sqlalchemy.orm import Session, sessionmaker
+
+from allotment.api.errors import install_error_handlers
+from allotment.api.limits import MAX_BODY_BYTES, BodyLimit
+from allotment.api.routes import router
+from allotment.api.service import JobService
+from allotment.domain.cluster import Cluster
+
+
+def create_app(
+    *,
+    cluster: Cluster,
+    store_sessions: sessionmaker[Session],
+    clock: Callable[[], float] = time.time,
+    max_body_bytes: int = MAX_BODY_BYTES,
+) -> FastAPI:
+    """An app serving ``/api/v1`` for ``cluster`` on the store behind ``store_sessions``.
+
+    Does not start a server or the control loop; submitted jobs are left ``pending``.
+    """
+    app = FastAPI(title="Allotment", version="1")
+    app.state.service = JobService(cluster=cluster, sessions=store_sessions, clock=clock)
+    app.include_router(router)
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    return app

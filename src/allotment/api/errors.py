@@ -1,0 +1,77 @@
+"""The one place errors become HTTP: ``AllotmentError`` by class, request validation, the rest.
+
+Each response body is ``{code, message, fields}``. User errors are 4xx; anything
+unexpected is a 500 with code ``internal`` and no stack trace in the body.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from allotment.domain.errors import (
+    AllotmentError,
+    IllegalTransition,
+    InvalidInput,
+    NotFound,
+)
+
+log = logging.getLogger(__name__)
+
+STATUS_BY_CLASS: tuple[tuple[type[AllotmentError], int], ...] = (
+    (NotFound, 404),
+    (IllegalTransition, 409),
+    (InvalidInput, 422),  # ConfigError and InvalidQuantity included
+)
+"""First match wins, so subclasses come before their bases; any other AllotmentError is 400."""
+
+
+def status_for(exc: AllotmentError) -> int:
+    """The HTTP status of a domain error."""
+    for cls, status in STATUS_BY_CLASS:
+        if isinstance(exc, cls):
+            return status
+    return 400
+
+
+def error_response(status: int, code: str, message: str, fields: dict[str, Any]) -> JSONResponse:
+    return JSONResponse(
+        status_code=status, content={"code": code, "message": message, "fields": fields}
+    )
+
+
+async def _allotment_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, AllotmentError)
+    return JSONResponse(status_code=status_for(exc), content=exc.to_dict())
+
+
+def _location(loc: tuple[Any, ...] | list[Any]) -> str:
+    return ".".join(str(part) for part in loc)
+
+
+async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    issues = [
+        {"path": _location(err.get("loc", ())), "message": str(err.get("msg", ""))}
+        for err in exc.errors()
+    ]
+    lines = "; ".join(f"{i['path']}: {i['message']}" for i in issues)
+    return error_response(
+        422, "invalid_request", f"the request is not valid: {lines}", {"issues": issues}
+    )
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(500, "internal", "internal error; the server log has the detail", {})
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers on ``app``."""
+    app.add_exception_handler(AllotmentError, _allotment_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(Exception, _unexpected)

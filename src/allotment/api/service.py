@@ -1,0 +1,153 @@
+"""What the API does, without HTTP: submit, read jobs and events, describe the queues.
+
+Each function opens and commits its own session. Domain errors pass through unchanged;
+the app's one handler turns them into HTTP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from allotment.api import schemas
+from allotment.domain.cluster import Cluster, Queue
+from allotment.domain.errors import ConfigError
+from allotment.domain.lifecycle import JobState
+from allotment.domain.loading import check_job, load_job_text
+from allotment.domain.resources import GPU, MILLI
+from allotment.store import jobs as job_store
+from allotment.store.models import Event, Job
+
+DEFAULT_TENANT = "default"
+ANONYMOUS = "anonymous"
+SPEC_SOURCE = "spec"
+
+
+def job_out(job: Job) -> schemas.JobOut:
+    reason = None
+    if job.reason_code is not None:
+        reason = schemas.ReasonOut(
+            code=job.reason_code,
+            message=job.reason_message or "",
+            detail=dict(job.reason_detail or {}),
+            since=job.reason_since,
+        )
+    return schemas.JobOut(
+        id=job.id,
+        name=job.name,
+        queue=job.queue,
+        tenant=job.tenant,
+        user=job.user,
+        type=job.type,
+        priority_class=job.priority_class,
+        state=job.state,
+        failure_class=job.failure_class,
+        attempt=job.attempt,
+        submit_time=job.submit_time,
+        not_before=job.not_before,
+        reason=reason,
+        spec=dict(job.spec),
+        created_at=job.created_at,
+        updated_at=job.updated_at,
+    )
+
+
+def event_out(event: Event) -> schemas.EventOut:
+    return schemas.EventOut(
+        id=event.id,
+        job=event.job_id,
+        at=event.at,
+        kind=event.kind,
+        from_state=event.from_state,
+        to_state=event.to_state,
+        message=event.message,
+        detail=dict(event.detail or {}),
+    )
+
+
+class JobService:
+    """The API's operations on one cluster and one store."""
+
+    def __init__(
+        self,
+        *,
+        cluster: Cluster,
+        sessions: sessionmaker[Session],
+        clock: Callable[[], float],
+    ) -> None:
+        self.cluster = cluster
+        self.sessions = sessions
+        self.clock = clock
+
+    def submit(self, *, spec_text: str, user: str = ANONYMOUS) -> schemas.JobOut:
+        """Parse ``spec_text`` like a job file, check it against the cluster, store it
+        and move it to ``pending``. Raises :class:`ConfigError` naming key and line."""
+        spec = load_job_text(spec_text, source=SPEC_SOURCE)
+        issues = check_job(spec, self.cluster)
+        if issues:
+            raise ConfigError(issues, source=SPEC_SOURCE)
+        queue = self.cluster.queues[spec.queue]
+        priority = self.cluster.priority_class_for(queue, spec.priority_class)
+        assert priority is not None  # check_job reported otherwise
+        now = self.clock()
+        with self.sessions.begin() as session:
+            job = job_store.create_job(
+                session,
+                spec,
+                tenant=queue.tenant or DEFAULT_TENANT,
+                user=user,
+                at=now,
+                priority_class=priority.name,
+            )
+            job = job_store.transition_job(
+                session, job.id, JobState.PENDING, at=now, message="accepted"
+            )
+            return job_out(job)
+
+    def get(self, *, job_id: str) -> schemas.JobOut:
+        """One job; raises ``NotFound``."""
+        with self.sessions() as session:
+            return job_out(job_store.get_job(session, job_id))
+
+    def list(
+        self,
+        *,
+        queue: str | None,
+        states: Sequence[JobState] | None,
+        limit: int,
+        after: str | None,
+    ) -> schemas.JobPage:
+        """A page of jobs in submission order; ``next_after`` is set when more may follow."""
+        with self.sessions() as session:
+            rows = job_store.list_jobs(
+                session, queue=queue, states=states or None, limit=limit + 1, after=after
+            )
+            page = [job_out(job) for job in rows[:limit]]
+        more = len(rows) > limit
+        return schemas.JobPage(jobs=page, next_after=page[-1].id if more and page else None)
+
+    def events(self, *, job_id: str) -> schemas.EventList:
+        """The job's events, oldest first; raises ``NotFound`` for an unknown job."""
+        with self.sessions() as session:
+            job_store.get_job(session, job_id)
+            events = [event_out(e) for e in job_store.events_for(session, job_id)]
+        return schemas.EventList(job=job_id, events=events)
+
+    def queues(self) -> schemas.QueueTree:
+        """The queue tree with nominal GPUs per pool."""
+        return schemas.QueueTree(queues=[_queue_out(root) for root in self.cluster.roots])
+
+
+def _gpus(milli: int) -> float | int:
+    return milli // MILLI if milli % MILLI == 0 else milli / MILLI
+
+
+def _queue_out(queue: Queue) -> schemas.QueueOut:
+    return schemas.QueueOut(
+        name=queue.name,
+        tenant=queue.tenant,
+        leaf=queue.is_leaf,
+        nominal_gpu={pool: _gpus(res[GPU]) for pool, res in queue.nominal.items() if res[GPU]},
+        children=[_queue_out(child) for child in queue.children],
+    )

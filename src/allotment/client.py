@@ -1,0 +1,126 @@
+"""A typed HTTP client for the Allotment API (``/api/v1``).
+
+Every method blocks until the server answers and returns the decoded JSON. A non-2xx
+answer raises :class:`ClientError` built from the ``{code, message, fields}`` body; a
+transport failure raises :class:`ClientError` with code ``unreachable`` and status 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import httpx
+
+API_PREFIX = "/api/v1"
+DEFAULT_TIMEOUT = 30.0
+
+
+class ClientError(Exception):
+    """An error answer from the server (or no answer at all)."""
+
+    def __init__(
+        self, code: str, message: str, *, fields: dict[str, Any] | None = None, status: int
+    ) -> None:
+        super().__init__(f"{code} ({status}): {message}")
+        self.code = code
+        self.message = message
+        self.fields: dict[str, Any] = dict(fields or {})
+        self.status = status
+
+
+def _error_from(response: httpx.Response) -> ClientError:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("code"), str):
+        fields = body.get("fields")
+        return ClientError(
+            body["code"],
+            str(body.get("message", "")),
+            fields=fields if isinstance(fields, dict) else None,
+            status=response.status_code,
+        )
+    return ClientError(
+        "http_error",
+        f"HTTP {response.status_code}: {response.text[:500]}",
+        status=response.status_code,
+    )
+
+
+class AllotmentClient:
+    """The API at ``base_url`` (e.g. ``http://127.0.0.1:8642``), as ``token`` if given.
+
+    Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(
+        self, base_url: str, token: str | None = None, *, timeout: float = DEFAULT_TIMEOUT
+    ) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/") + API_PREFIX, headers=headers, timeout=timeout
+        )
+
+    def __enter__(self) -> AllotmentClient:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ClientError("unreachable", str(exc), status=0) from exc
+        if response.is_error:
+            raise _error_from(response)
+        return response.json()
+
+    def submit(self, spec_text: str) -> dict[str, Any]:
+        """Submit a job file's text (YAML or JSON); returns the job, now ``pending``."""
+        job: dict[str, Any] = self._request("POST", "/jobs", json={"spec": spec_text})
+        return job
+
+    def list_jobs(
+        self,
+        *,
+        queue: str | None = None,
+        states: Iterable[str] | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> dict[str, Any]:
+        """One page: ``{"jobs": [...], "next_after": id or None}``."""
+        params: list[tuple[str, str | int]] = [("limit", limit)]
+        if queue is not None:
+            params.append(("queue", queue))
+        params.extend(("state", s) for s in states or ())
+        if after is not None:
+            params.append(("after", after))
+        page: dict[str, Any] = self._request("GET", "/jobs", params=params)
+        return page
+
+    def get_job(self, job_id: str) -> dict[str, Any]:
+        """One job; ``ClientError`` with code ``not_found`` when there is none."""
+        job: dict[str, Any] = self._request("GET", f"/jobs/{job_id}")
+        return job
+
+    def events(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's events, oldest first."""
+        body: dict[str, Any] = self._request("GET", f"/jobs/{job_id}/events")
+        events: list[dict[str, Any]] = body["events"]
+        return events
+
+    def queues(self) -> list[dict[str, Any]]:
+        """The queue tree: each queue with ``name, tenant, leaf, nominal_gpu, children``."""
+        body: dict[str, Any] = self._request("GET", "/queues")
+        queues: list[dict[str, Any]] = body["queues"]
+        return queues
+
+    def health(self) -> dict[str, Any]:
+        body: dict[str, Any] = self._request("GET", "/healthz")
+        return body
