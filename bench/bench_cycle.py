@@ -403,6 +403,60 @@ def measure_cycles(snap: Snapshot, n: int) -> dict[str, Any]:
     }
 
 
+@dataclass
+class _Tally:
+    """What a sustained run counts: the first (fill) cycle apart, then every cycle."""
+
+    sched: float = 0.0
+    admitted: int = 0
+    preempted: int = 0
+    finished: int = 0
+    cycles: int = 0
+    times: list[float] = field(default_factory=list)
+    per_cycle: list[int] = field(default_factory=list)
+    first: dict[str, Any] = field(default_factory=dict)
+    wall0: float = field(default_factory=time.perf_counter)
+
+    def count(self, dt: float, decisions: Any, victims: int) -> None:
+        if self.cycles == 0:
+            self.first = {
+                "ms": round(dt * 1000, 1),
+                "admitted": len(decisions.admitted),
+                "preemptions": len(decisions.preemptions),
+            }
+        else:
+            self.sched += dt
+            self.admitted += len(decisions.admitted)
+            self.preempted += victims
+            self.times.append(dt * 1000)
+            self.per_cycle.append(len(decisions.admitted))
+        self.cycles += 1
+
+    def done(self, *, seconds: float, max_cycles: int, wall_limit: float) -> bool:
+        return self.cycles > 1 and (
+            self.sched >= seconds
+            or self.cycles - 1 >= max_cycles
+            or time.perf_counter() - self.wall0 >= wall_limit
+        )
+
+    def summary(self, *, running_end: int) -> dict[str, Any]:
+        times, sched = self.times, self.sched
+        return {
+            "fill_cycle": self.first,
+            "cycles": len(times),
+            "sched_s": round(sched, 2),
+            "wall_s": round(time.perf_counter() - self.wall0, 1),
+            "admitted": self.admitted,
+            "adm_per_s": round(self.admitted / sched, 1) if sched else 0.0,
+            "adm_per_cycle": round(statistics.mean(self.per_cycle), 1) if self.per_cycle else 0,
+            "cycle_p50_ms": round(statistics.median(times), 1) if times else 0,
+            "cycle_p99_ms": round(pct(times, 99), 1) if times else 0,
+            "victims": self.preempted,
+            "finished": self.finished,
+            "running_end": running_end,
+        }
+
+
 def sustained(
     world: World,
     running_list: list[RunningJob],
@@ -426,15 +480,7 @@ def sustained(
     pending = {j.id: j for j in pending_list}
     running = {j.id: j for j in running_list}
     now = NOW
-    sched = 0.0
-    admitted = 0
-    preempted = 0
-    finished = 0
-    times: list[float] = []
-    per_cycle: list[int] = []
-    first: dict[str, Any] = {}
-    wall0 = time.perf_counter()
-    cycle_no = 0
+    tally = _Tally()
     while True:
         snap = Snapshot(
             now=now,
@@ -457,24 +503,8 @@ def sustained(
                     running[vid].terminating = True
                     victims_now += 1
             pending[pre.job].preempting = ids
-        if cycle_no == 0:
-            first = {
-                "ms": round(dt * 1000, 1),
-                "admitted": len(decisions.admitted),
-                "preemptions": len(decisions.preemptions),
-            }
-        else:
-            sched += dt
-            admitted += len(decisions.admitted)
-            preempted += victims_now
-            times.append(dt * 1000)
-            per_cycle.append(len(decisions.admitted))
-        cycle_no += 1
-        if cycle_no > 1 and (
-            sched >= seconds
-            or cycle_no - 1 >= max_cycles
-            or time.perf_counter() - wall0 >= wall_limit
-        ):
+        tally.count(dt, decisions, victims_now)
+        if tally.done(seconds=seconds, max_cycles=max_cycles, wall_limit=wall_limit):
             break
         # Time passes: victims are gone, some jobs end, new ones arrive.
         now += step
@@ -485,26 +515,12 @@ def sustained(
         ended += rng.sample(rest, int(len(rest) * churn))
         for jid in ended:
             del running[jid]
-        finished += len(ended)
+        tally.finished += len(ended)
         while len(pending) < target:
             job = make_job(world, now)
             job.submit_time = now - rng.uniform(0, step)
             pending[job.id] = job
-    wall = time.perf_counter() - wall0
-    return {
-        "fill_cycle": first,
-        "cycles": len(times),
-        "sched_s": round(sched, 2),
-        "wall_s": round(wall, 1),
-        "admitted": admitted,
-        "adm_per_s": round(admitted / sched, 1) if sched else 0.0,
-        "adm_per_cycle": round(statistics.mean(per_cycle), 1) if per_cycle else 0,
-        "cycle_p50_ms": round(statistics.median(times), 1) if times else 0,
-        "cycle_p99_ms": round(pct(times, 99), 1) if times else 0,
-        "victims": preempted,
-        "finished": finished,
-        "running_end": len(running),
-    }
+    return tally.summary(running_end=len(running))
 
 
 def sustained_session(
@@ -542,15 +558,7 @@ def sustained_session(
     print(f"session built in {build_s * 1000:.1f} ms", flush=True)
     running = session.running  # the session's own view: insertion order as in sustained()
     now = NOW
-    sched = 0.0
-    admitted = 0
-    preempted = 0
-    finished = 0
-    times: list[float] = []
-    per_cycle: list[int] = []
-    first: dict[str, Any] = {}
-    wall0 = time.perf_counter()
-    cycle_no = 0
+    tally = _Tally()
     while True:
         gc.collect()
         if prof is not None:
@@ -570,24 +578,8 @@ def sustained_session(
             job = session.pending_job(pre.job)
             assert job is not None, pre.job
             session.update(replace(job, preempting=ids))
-        if cycle_no == 0:
-            first = {
-                "ms": round(dt * 1000, 1),
-                "admitted": len(decisions.admitted),
-                "preemptions": len(decisions.preemptions),
-            }
-        else:
-            sched += dt
-            admitted += len(decisions.admitted)
-            preempted += victims_now
-            times.append(dt * 1000)
-            per_cycle.append(len(decisions.admitted))
-        cycle_no += 1
-        if cycle_no > 1 and (
-            sched >= seconds
-            or cycle_no - 1 >= max_cycles
-            or time.perf_counter() - wall0 >= wall_limit
-        ):
+        tally.count(dt, decisions, victims_now)
+        if tally.done(seconds=seconds, max_cycles=max_cycles, wall_limit=wall_limit):
             break
         # Time passes: victims are gone, some jobs end, new ones arrive.
         now += step
@@ -598,26 +590,14 @@ def sustained_session(
         ended += rng.sample(rest, int(len(rest) * churn))
         for jid in ended:
             session.gone(jid)
-        finished += len(ended)
+        tally.finished += len(ended)
         while session.pending_count < target:
             job = make_job(world, now)
             job.submit_time = now - rng.uniform(0, step)
             session.submit(job)
-    wall = time.perf_counter() - wall0
     return {
         "session_build_ms": round(build_s * 1000, 1),
-        "fill_cycle": first,
-        "cycles": len(times),
-        "sched_s": round(sched, 2),
-        "wall_s": round(wall, 1),
-        "admitted": admitted,
-        "adm_per_s": round(admitted / sched, 1) if sched else 0.0,
-        "adm_per_cycle": round(statistics.mean(per_cycle), 1) if per_cycle else 0,
-        "cycle_p50_ms": round(statistics.median(times), 1) if times else 0,
-        "cycle_p99_ms": round(pct(times, 99), 1) if times else 0,
-        "victims": preempted,
-        "finished": finished,
-        "running_end": len(running),
+        **tally.summary(running_end=len(running)),
     }
 
 

@@ -4,9 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -25,24 +22,10 @@ from allotment.executors.local import LocalExecutor
 from allotment.store import migrate
 from allotment.store.db import make_engine, session_factory
 from allotment.store.jobs import create_job, get_job, transition_job
+from tests.executors.processes import kill_everything
 
 PY = sys.executable
 CLUSTER = Path(__file__).resolve().parents[2] / "examples" / "cluster-local.yaml"
-
-
-def kill_everything(root: Path) -> None:
-    """SIGKILL every supervisor (its own group) and every replica group under ``root``."""
-    for name in ("launch.json", "state.json"):
-        for path in root.glob(f"*/*/*/{name}"):
-            try:
-                data = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            for field in ("supervisor_pid", "pgid"):
-                pgid = data.get(field)
-                if isinstance(pgid, int):
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(pgid, signal.SIGKILL)
 
 
 @pytest.fixture

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,21 +11,7 @@ import pytest
 
 from allotment.executors.base import ReplicaKey, ReplicaStatus
 from allotment.executors.local import LocalExecutor
-
-
-def kill_everything(root: Path) -> None:
-    """SIGKILL every supervisor (its own group) and every replica group under ``root``."""
-    for name in ("launch.json", "state.json"):
-        for path in root.glob(f"*/*/*/{name}"):
-            try:
-                data = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            for field in ("supervisor_pid", "pgid"):
-                pgid = data.get(field)
-                if isinstance(pgid, int):
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(pgid, signal.SIGKILL)
+from tests.executors.processes import kill_everything
 
 
 @pytest.fixture
