@@ -203,6 +203,26 @@ def test_explain_off_skips_the_reasons_of_jobs_not_looked_at() -> None:
     assert loud.queue_order == {"team-a": ["j2", "j3", "j4"]}
 
 
+def test_a_remembered_failed_placement_does_not_hide_a_quota_block() -> None:
+    """Found by the property below: a job whose placement failed in an earlier cycle
+    and which is now out of quota must block its queue as out of quota, whether the
+    failure is remembered (explain off) or not."""
+    sessions = [Session(_cluster().build()) for _ in range(2)]
+    for session in sessions:
+        session.started(running("b1", "team-b", "a100-00", gpu=6))
+        session.started(running("b2", "team-b", "a100-01", gpu=2))
+        session.submit(job("big", "team-a", gpu=8, submit=NOW))
+    quiet, loud = sessions
+    assert quiet.cycle(NOW, explain=False).admitted == []
+    assert loud.cycle(NOW).admitted == []
+    for session in sessions:
+        session.submit(job("first", "team-a", gpu=4, prio="key-project", submit=NOW + 1))
+        session.submit(job("small", "team-a", gpu=1, submit=NOW + 2))
+    a, b = quiet.cycle(NOW + 10, explain=False), loud.cycle(NOW + 10)
+    assert [x.job for x in a.admitted] == [x.job for x in b.admitted] == ["first"]
+    assert a.waiting["big"].code.value == b.waiting["big"].code.value == "quota_exhausted"
+
+
 @SETTINGS
 @given(worlds(), st.data())
 def test_what_a_session_remembers_across_cycles_changes_no_decision(

@@ -342,17 +342,18 @@ class _Cycle:
         reasons: list[Reason] = []
         held_back: list[str] = []
         for pool in pools:
-            key = (pool, shape, claims is not None)
-            cached = self.no_fit.get(key) if claims is not None else self._no_fit(pool, shape)
-            if cached is not None and (claims is None or self._no_fit(pool, shape) is not None):
-                # Known not to fit on any node this cycle (the world only fills up), and
-                # a shortage of nodes outranks a shortage of quota: no need to ask quota.
-                reasons.append(cached)
-                continue
+            # Quota first, whatever is known about the nodes: a remembered failure
+            # must not change which reason (and so which outcome) the job gets.
             check = state.quota.check(queue.name, pool, total)
             if not check.fits and check.blocking_queue != ROOT:
                 # Out of the queue's own quota or of what it may borrow.
                 reasons.append(_quota_reason(check, pool, queue.name))
+                continue
+            key = (pool, shape, claims is not None)
+            cached = self.no_fit.get(key) if claims is not None else self._no_fit(pool, shape)
+            if cached is not None and (claims is None or self._no_fit(pool, shape) is not None):
+                # Known not to fit on any node (the world only fills up during a cycle).
+                reasons.append(cached)
                 continue
             if cached is not None:
                 placed = PlacementResult(reason=cached)
