@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from allotment.control.loop import ControlLoop
@@ -18,10 +19,12 @@ from allotment.domain.cluster import Cluster
 from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import JobState
 from allotment.domain.loading import load_cluster
+from allotment.executors.base import ReplicaKey
 from allotment.executors.local import LocalExecutor
 from allotment.store import migrate
 from allotment.store.db import make_engine, session_factory
-from allotment.store.jobs import create_job, get_job, transition_job
+from allotment.store.jobs import TRANSITION, create_job, events_for, get_job, transition_job
+from allotment.store.models import Attempt
 from tests.executors.processes import kill_everything
 
 PY = sys.executable
@@ -85,7 +88,16 @@ Submit = Callable[..., str]
 def submit(sessions: sessionmaker[Session]) -> Submit:
     """Submit a job as the API will: create it, then move it to pending."""
 
-    def submit(code: str, *, queue: str = "default", replicas: int = 1, **res: Any) -> str:
+    def submit(
+        code: str,
+        *,
+        queue: str = "default",
+        replicas: int = 1,
+        fields: dict[str, Any] | None = None,
+        **res: Any,
+    ) -> str:
+        """``fields`` go into the job spec as written (``retry``, ``max_runtime``,
+        ``command`` instead of ``python -c code``)."""
         resources = {"gpu": 1, "cpu": 1, "memory": "1Gi", **res}
         spec = JobSpec.model_validate(
             {
@@ -93,6 +105,7 @@ def submit(sessions: sessionmaker[Session]) -> Submit:
                 "queue": queue,
                 "replicas": [{"count": replicas, "resources": resources}],
                 "command": [PY, "-c", code],
+                **(fields or {}),
             }
         )
         now = time.time()
@@ -104,9 +117,56 @@ def submit(sessions: sessionmaker[Session]) -> Submit:
     return submit
 
 
+def transitions(sessions: sessionmaker[Session], job_id: str) -> list[str]:
+    with sessions() as db:
+        return [e.to_state or "" for e in events_for(db, job_id) if e.kind == TRANSITION]
+
+
+def attempts(sessions: sessionmaker[Session], job_id: str) -> list[Attempt]:
+    with sessions() as db:
+        query = select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)
+        return list(db.scalars(query).all())
+
+
+def key_of(job_id: str, index: int = 0, attempt: int = 1) -> ReplicaKey:
+    return ReplicaKey(job_id, attempt, "worker", index)
+
+
+def executor_of(loop: ControlLoop) -> LocalExecutor:
+    executor = loop.executor
+    assert isinstance(executor, LocalExecutor)
+    return executor
+
+
 def state_of(sessions: sessionmaker[Session], job_id: str) -> JobState:
     with sessions() as db:
         return JobState(get_job(db, job_id).state)
+
+
+def loop_until(
+    loop: ControlLoop,
+    done: Callable[[], bool],
+    what: str,
+    timeout: float = 10.0,
+) -> None:
+    """Observe and cycle until ``done()``; fail naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        loop.observe()
+        loop.cycle()
+        if done():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"not reached within {timeout}s: {what}")
+
+
+def wait_until(done: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Poll ``done()`` (nothing else) until it holds; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached within {timeout}s: {what}")
+        time.sleep(0.02)
 
 
 def run_until(

@@ -11,16 +11,21 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from allotment.control.loop import ControlLoop
 from allotment.domain.lifecycle import FailureClass, JobState
-from allotment.executors.base import LaunchRequest, ReplicaKey
-from allotment.executors.local import LocalExecutor
-from allotment.store.jobs import TRANSITION, events_for, get_job
-from allotment.store.models import Attempt
-from tests.control.conftest import MakeLoop, Submit, run_until, state_of
+from allotment.executors.base import LaunchRequest
+from allotment.store.jobs import events_for, get_job
+from tests.control.conftest import (
+    MakeLoop,
+    Submit,
+    attempts,
+    executor_of,
+    key_of,
+    run_until,
+    state_of,
+    transitions,
+)
 
 S = JobState
 
@@ -30,27 +35,6 @@ class Crash(Exception):
 
 
 PRINT_DEVICES = "import os; print('devices=' + os.environ['CUDA_VISIBLE_DEVICES'])"
-
-
-def transitions(sessions: sessionmaker[Session], job_id: str) -> list[str]:
-    with sessions() as db:
-        return [e.to_state or "" for e in events_for(db, job_id) if e.kind == TRANSITION]
-
-
-def attempts(sessions: sessionmaker[Session], job_id: str) -> list[Attempt]:
-    with sessions() as db:
-        query = select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)
-        return list(db.scalars(query).all())
-
-
-def key_of(job_id: str, index: int = 0, attempt: int = 1) -> ReplicaKey:
-    return ReplicaKey(job_id, attempt, "worker", index)
-
-
-def executor_of(loop: ControlLoop) -> LocalExecutor:
-    executor = loop.executor
-    assert isinstance(executor, LocalExecutor)
-    return executor
 
 
 def test_a_one_gpu_job_runs_to_success_with_its_device(

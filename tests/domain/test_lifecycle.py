@@ -35,7 +35,7 @@ def test_every_state_has_an_entry() -> None:
 
 def test_tables_cover_all_pairs() -> None:
     assert len(LEGAL) + len(ILLEGAL) == len(JobState) ** 2
-    assert len(LEGAL) == 24
+    assert len(LEGAL) == 25
 
 
 def test_the_documented_lifecycle_is_legal() -> None:
@@ -48,6 +48,8 @@ def test_the_documented_lifecycle_is_legal() -> None:
         assert ending in ALLOWED[S.RUNNING]
     assert S.PENDING in ALLOWED[S.FAILED]
     assert S.PENDING in ALLOWED[S.PREEMPTED]
+    assert S.CANCELLED in ALLOWED[S.PREEMPTED]  # cancelled before its requeue
+    assert S.CANCELLED not in ALLOWED[S.FAILED]  # a failed job has ended
     assert S.RUNNING not in ALLOWED[S.PENDING]  # nothing skips admission
 
 

@@ -6,16 +6,18 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from allotment.domain.errors import IllegalTransition, NotFound
+from allotment.domain.errors import AlreadyEnded, IllegalTransition, NotFound
 from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import FailureClass, JobState
 from allotment.domain.reasons import Reason, ReasonCode
 from allotment.store.jobs import (
+    cancel_job,
     create_job,
     events_for,
     get_job,
     list_jobs,
     record_reason,
+    requeue_job,
     transition_job,
 )
 from allotment.store.models import Event
@@ -227,3 +229,74 @@ def test_two_sessions_update_different_jobs(sessions: sessionmaker[Session]) -> 
         assert get_job(session, "j-2").state == "cancelled"
         assert len(events_for(session, "j-1")) == 2
         assert len(events_for(session, "j-2")) == 2
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        [S.PENDING],
+        [S.PENDING, S.ADMITTED, S.STARTING, S.RUNNING],
+        [S.PENDING, S.ADMITTED, S.STARTING, S.RUNNING, S.PREEMPTED],
+    ],
+    ids=["pending", "running", "preempted"],
+)
+def test_cancel_moves_a_live_job_to_cancelled(
+    sessions: sessionmaker[Session], path: list[JobState]
+) -> None:
+    submit(sessions, "j-1")
+    for i, state in enumerate(path, start=1):
+        move(sessions, "j-1", state, T0 + i)
+    with sessions.begin() as session:
+        job = cancel_job(session, "j-1", at=T0 + 50, by="ada")
+        assert (job.state, job.failure_class) == ("cancelled", "cancelled")
+    with sessions() as session:
+        last = events_for(session, "j-1")[-1]
+        assert (last.from_state, last.to_state, last.message) == (
+            path[-1].value,
+            "cancelled",
+            "cancelled by ada",
+        )
+        assert last.detail["by"] == "ada"
+
+
+@pytest.mark.parametrize(
+    ("ending", "kw"),
+    [
+        (S.SUCCEEDED, {}),
+        (S.FAILED, {"failure_class": FailureClass.USER_CODE}),
+        (S.CANCELLED, {}),
+    ],
+)
+def test_cancel_of_an_ended_job_is_a_conflict_that_writes_nothing(
+    sessions: sessionmaker[Session], ending: JobState, kw: dict[str, Any]
+) -> None:
+    submit(sessions, "j-1")
+    for i, state in enumerate([S.PENDING, S.ADMITTED, S.STARTING, S.RUNNING], start=1):
+        move(sessions, "j-1", state, T0 + i)
+    move(sessions, "j-1", ending, T0 + 9, **kw)
+    with sessions() as session:
+        before = _snapshot(session, "j-1")
+    with pytest.raises(AlreadyEnded) as info, sessions.begin() as session:
+        cancel_job(session, "j-1", at=T0 + 10)
+    assert info.value.code == "already_ended"
+    assert info.value.fields == {"job": "j-1", "state": ending.value, "action": "cancel"}
+    with sessions() as session:
+        assert _snapshot(session, "j-1") == before
+
+
+def test_cancel_of_an_unknown_job_is_not_found(sessions: sessionmaker[Session]) -> None:
+    with pytest.raises(NotFound), sessions.begin() as session:
+        cancel_job(session, "j-missing", at=T0)
+
+
+def test_requeue_sets_not_before_with_the_move(sessions: sessionmaker[Session]) -> None:
+    submit(sessions, "j-1")
+    for i, state in enumerate([S.PENDING, S.ADMITTED, S.STARTING, S.RUNNING], start=1):
+        move(sessions, "j-1", state, T0 + i)
+    move(sessions, "j-1", S.FAILED, T0 + 5, failure_class=FailureClass.NODE_FAILURE)
+    with sessions.begin() as session:
+        requeue_job(session, "j-1", at=T0 + 6, not_before=T0 + 36, message="retry 1 of 2")
+    with sessions() as session:
+        job = get_job(session, "j-1")
+        assert (job.state, job.failure_class, job.not_before) == ("pending", None, T0 + 36)
+        assert events_for(session, "j-1")[-1].message == "retry 1 of 2"

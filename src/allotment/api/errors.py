@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 
 from allotment.domain.errors import (
     AllotmentError,
+    Conflict,
     IllegalTransition,
     InvalidInput,
     NotFound,
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 STATUS_BY_CLASS: tuple[tuple[type[AllotmentError], int], ...] = (
     (NotFound, 404),
     (IllegalTransition, 409),
+    (Conflict, 409),
     (InvalidInput, 422),  # ConfigError and InvalidQuantity included
 )
 """First match wins, so subclasses come before their bases; any other AllotmentError is 400."""

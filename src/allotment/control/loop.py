@@ -15,8 +15,9 @@ zombies (jobs the store believes run but whose replicas the executor has lost) a
 orphans (replicas nobody in the store owns, reported, never killed).
 
 An attempt is *open* from its admission until every replica of it has ended: only then
-are its resources given back to the session (``gone``) and, for a preempted job, is the
-job requeued (``preempted → pending``).
+are its resources given back to the session (``gone``) and is the job requeued or
+retried (see :mod:`allotment.control.retries`). A job cancelled in the store while it
+holds an allocation has its replicas stopped by the next :meth:`ControlLoop.observe`.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
 from allotment.control.allocations import allocation_json, placements_from_json, replica_keys
+from allotment.control.retries import close_attempt, requeue_preempted, retry_failed
 from allotment.domain.cluster import Cluster
-from allotment.domain.errors import NotFound
 from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import ACTIVE, FailureClass, JobState
 from allotment.domain.resources import CPU, MEMORY
@@ -104,6 +105,8 @@ class ControlLoop:
         self.stop_grace_s = stop_grace_s
         self._session: Session | None = None
         self._nominated: set[str] = set()
+        self._stop_sent: set[str] = set()
+        """Jobs whose replicas this loop has asked to stop (until their attempt closes)."""
 
     # ------------------------------------------------------------------ state
 
@@ -145,10 +148,14 @@ class ControlLoop:
                 session.update(replace(waiting, preempting=()))
         self._nominated.clear()
         victims: list[str] = []
+        withdrawn: list[str] = []
         try:
             with self.store_sessions.begin() as db:
                 for admit in decisions.admitted:
-                    job = get_job(db, admit.job)
+                    job = get_job(db, admit.job, for_update=True)
+                    if job.state != _S.PENDING.value:  # cancelled since the session read it
+                        withdrawn.append(job.id)
+                        continue
                     number = job.attempt + 1
                     db.add(
                         Attempt(
@@ -176,10 +183,10 @@ class ControlLoop:
                         },
                     )
                 for job_id, reason in decisions.waiting.items():
-                    try:
-                        record_reason(db, job_id, reason, at=now)
-                    except NotFound:
+                    row = db.get(Job, job_id)
+                    if row is None or _S(row.state) is not _S.PENDING:
                         continue
+                    record_reason(db, job_id, reason, at=now)
                 for preempt in decisions.preemptions:
                     for victim in preempt.victims:
                         row = db.get(Job, victim.job)
@@ -198,6 +205,8 @@ class ControlLoop:
         except Exception:
             self._session = None  # the session ran ahead of the store: rebuild it
             raise
+        for job_id in withdrawn:
+            session.gone(job_id)  # its admission is void: the resources are free again
         for preempt in decisions.preemptions:
             waiting = session.pending_job(preempt.job)
             if waiting is not None:
@@ -307,8 +316,10 @@ class ControlLoop:
 
         ``starting → running`` once every replica has started; ``→ succeeded`` when all
         exited 0; ``→ failed`` (class from :func:`classify`) when one failed, the others
-        being stopped. An attempt whose job is no longer active is closed once all its
-        replicas ended: its resources are freed, and a preempted job is requeued.
+        being stopped. The replicas of a job that is no longer active (cancelled through
+        the API, say) are stopped and its resources marked stopping. An attempt whose
+        job is no longer active is closed once all its replicas ended: its resources
+        are freed, and the job requeued or retried (:mod:`allotment.control.retries`).
         Replicas the executor does not know are left to :meth:`reconcile`.
         """
         statuses = self.executor.observe()
@@ -316,6 +327,7 @@ class ControlLoop:
         now = self.clock()
         moves: list[Move] = []
         to_stop: list[ReplicaKey] = []
+        stopping: list[str] = []
         gone: list[str] = []
         requeued: list[PendingJob] = []
         with self.store_sessions.begin() as db:
@@ -330,33 +342,49 @@ class ControlLoop:
                     if len(known) < len(keys):
                         continue  # a zombie: reconcile() decides
                     state = self._apply(db, job, attempt, known, now, moves, to_stop)
-                    if state is _S.SUCCEEDED:
-                        self._close(attempt, known, now)
-                        gone.append(job.id)
-                        continue
+                    if state is _S.FAILED:
+                        self._stop_sent.add(job.id)
                 if state in ACTIVE:
                     continue
-                if all(s is None or s.ended for s in seen.values()):
-                    self._close(attempt, {k: s for k, s in seen.items() if s is not None}, now)
+                ended = {k: s for k, s in seen.items() if s is not None}
+                if all(s.ended for s in ended.values()):
+                    self._finish(db, job, attempt, ended, now, moves, requeued)
                     gone.append(job.id)
-                    if state is _S.PREEMPTED:
-                        transition_job(
-                            db,
-                            job.id,
-                            _S.PENDING,
-                            at=now,
-                            message="requeued after preemption",
-                            detail={"attempt": attempt.number},
-                        )
-                        moves.append(Move(job=job.id, source=state, target=_S.PENDING))
-                        requeued.append(self._pending(job))
+                elif job.id not in self._stop_sent:
+                    to_stop.extend(k for k, s in ended.items() if not s.ended)
+                    stopping.append(job.id)
+        for job_id in stopping:
+            self._stop_sent.add(job_id)
+            session.stopping(job_id)
         for job_id in gone:
+            self._stop_sent.discard(job_id)
             session.gone(job_id)
         for pending in requeued:
             if session.pending_job(pending.id) is None:
                 session.submit(pending)
         self._stop_keys(to_stop)
         return moves
+
+    def _finish(
+        self,
+        db: DbSession,
+        job: Job,
+        attempt: Attempt,
+        seen: Mapping[ReplicaKey, ReplicaStatus],
+        now: float,
+        moves: list[Move],
+        requeued: list[PendingJob],
+    ) -> None:
+        """Close the attempt of an ended job; requeue it if it was preempted, retry it if
+        it failed and its policy says so."""
+        close_attempt(attempt, seen, now)
+        state = _S(job.state)
+        if state is _S.PREEMPTED:
+            requeue_preempted(db, job, now)
+        elif state is not _S.FAILED or retry_failed(db, self.cluster, job, now) is None:
+            return
+        moves.append(Move(job=job.id, source=state, target=_S.PENDING))
+        requeued.append(self._pending(job))
 
     def _apply(
         self,
@@ -434,12 +462,6 @@ class ControlLoop:
         moves.append(Move(job=job.id, source=source, target=target, failure=failure))
         return target
 
-    def _close(
-        self, attempt: Attempt, seen: Mapping[ReplicaKey, ReplicaStatus], now: float
-    ) -> None:
-        ends = [s.ended_at for s in seen.values() if s.ended_at is not None]
-        attempt.end_time = max(ends, default=now)
-
     def _set_attempt_state(self, db: DbSession, job: Job) -> None:
         attempt = db.get(Attempt, (job.id, job.attempt))
         if attempt is not None:
@@ -453,10 +475,11 @@ class ControlLoop:
         """Compare the store with the executor; return the orphans.
 
         A starting or running job with a replica the executor does not know, or reports
-        ``lost``, is a zombie: it fails with ``node_failure`` and its other replicas are
-        stopped. A replica that has not ended and belongs to no open attempt is an
-        orphan: returned, left running. Also repeats the actions a crash may have cut
-        short: launching admitted jobs, stopping replicas of ended or preempted jobs.
+        ``lost``, is a zombie: it fails with ``node_failure`` (and is retried when its
+        policy retries ``node_failure``) and its other replicas are stopped. A replica
+        that has not ended and belongs to no open attempt is an orphan: returned, left
+        running. Also repeats the actions a crash may have cut short: launching admitted
+        jobs, stopping replicas of ended or preempted jobs.
         """
         statuses = self.executor.observe()
         session = self.session
@@ -465,6 +488,7 @@ class ControlLoop:
         to_stop: list[ReplicaKey] = []
         gone: list[str] = []
         moves: list[Move] = []
+        requeued: list[PendingJob] = []
         with self.store_sessions.begin() as db:
             for job, attempt in self._open(db):
                 keys = replica_keys(job.id, attempt.number, attempt.allocation)
@@ -492,10 +516,15 @@ class ControlLoop:
                 )
                 to_stop.extend(alive)
                 if not alive:
-                    self._close(attempt, {}, now)
+                    ended = {k: statuses[k] for k in keys if k in statuses}
+                    self._finish(db, job, attempt, ended, now, moves, requeued)
                     gone.append(job.id)
         for job_id in gone:
+            self._stop_sent.discard(job_id)
             session.gone(job_id)
+        for pending in requeued:
+            if session.pending_job(pending.id) is None:
+                session.submit(pending)
         self._stop_keys(to_stop)
         self._launch_admitted()
         orphans = sorted(k for k, s in statuses.items() if not s.ended and k not in known)
@@ -508,6 +537,7 @@ class ControlLoop:
     def _stop_jobs(self, job_ids: Sequence[str]) -> None:
         if not job_ids:
             return
+        self._stop_sent.update(job_ids)
         with self.store_sessions() as db:
             keys = [
                 key

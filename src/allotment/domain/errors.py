@@ -11,7 +11,9 @@ handler; the CLI prints ``message``.
     │   ├── InvalidQuantity                  code=invalid_quantity
     │   ├── ConfigError                      code=invalid_config   (a list of issues)
     │   └── IllegalTransition                code=illegal_transition
-    └── NotFound (LookupError)               code=not_found
+    ├── NotFound (LookupError)               code=not_found
+    └── Conflict                             code=conflict
+        └── AlreadyEnded                     code=already_ended
 """
 
 from __future__ import annotations
@@ -117,3 +119,21 @@ class NotFound(AllotmentError, LookupError):
             shown = ", ".join(sorted(known)[:20]) or "none"
             hint = f"; known {kind}s: {shown}"
         super().__init__(f"no {kind} named {name!r}{hint}", fields={"kind": kind, "name": name})
+
+
+class Conflict(AllotmentError):
+    """The request is valid but the object's current state does not allow it."""
+
+    code = "conflict"
+
+
+class AlreadyEnded(Conflict):
+    """An action on a job that has already ended (e.g. cancelling a succeeded job)."""
+
+    code = "already_ended"
+
+    def __init__(self, job_id: str, state: str, action: str) -> None:
+        super().__init__(
+            f"job {job_id!r} has already ended ({state}); there is nothing to {action}",
+            fields={"job": job_id, "state": state, "action": action},
+        )

@@ -55,12 +55,13 @@ ALLOWED: dict[JobState, frozenset[JobState]] = {
     _S.STARTING: frozenset({_S.RUNNING} | _ENDINGS),
     _S.RUNNING: _ENDINGS,
     _S.FAILED: frozenset({_S.PENDING}),
-    _S.PREEMPTED: frozenset({_S.PENDING}),
+    _S.PREEMPTED: frozenset({_S.PENDING, _S.CANCELLED}),
     _S.SUCCEEDED: frozenset(),
     _S.CANCELLED: frozenset(),
     _S.RECLAIMED: frozenset(),
 }
-"""Every legal move. ``admitted → pending`` is an admission withdrawn before start."""
+"""Every legal move. ``admitted → pending`` is an admission withdrawn before start;
+``preempted → cancelled`` is a cancel of a preempted job waiting to be requeued."""
 
 TERMINAL = frozenset(s for s, targets in ALLOWED.items() if not targets)
 """States no job leaves."""

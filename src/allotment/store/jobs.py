@@ -15,9 +15,9 @@ from typing import Any
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
-from allotment.domain.errors import NotFound
+from allotment.domain.errors import AlreadyEnded, NotFound
 from allotment.domain.job import JobSpec
-from allotment.domain.lifecycle import FailureClass, JobState, transition
+from allotment.domain.lifecycle import ALLOWED, FailureClass, JobState, transition
 from allotment.domain.reasons import Reason
 from allotment.store.models import Event, Job
 
@@ -148,6 +148,47 @@ def transition_job(
             ),
         )
     )
+    session.flush()
+    return job
+
+
+def cancel_job(session: Session, job_id: str, *, at: float, by: str | None = None) -> Job:
+    """Cancel job ``job_id`` (the row locked); return it, now ``cancelled``.
+
+    A waiting job leaves its line at once; one holding an allocation (or preempted and
+    waiting to be requeued) is ``cancelled`` in the store and the control loop then
+    stops its replicas and frees its resources. Raises :class:`AlreadyEnded` for a job
+    that has ended (succeeded, failed, cancelled, reclaimed) and :class:`NotFound` for
+    an unknown one; neither writes anything.
+    """
+    job = get_job(session, job_id, for_update=True)
+    state = JobState(job.state)
+    if JobState.CANCELLED not in ALLOWED[state]:
+        raise AlreadyEnded(job_id, state.value, "cancel")
+    return transition_job(
+        session,
+        job_id,
+        JobState.CANCELLED,
+        at=at,
+        message="cancelled" if by is None else f"cancelled by {by}",
+        detail={"by": by, "from": state.value, "attempt": job.attempt},
+    )
+
+
+def requeue_job(
+    session: Session,
+    job_id: str,
+    *,
+    at: float,
+    not_before: float | None,
+    message: str,
+    detail: dict[str, Any] | None = None,
+) -> Job:
+    """Move a failed or preempted job back to ``pending``, not to start before
+    ``not_before`` (seconds since the epoch; ``None``: at once). Raises like
+    :func:`transition_job`."""
+    job = transition_job(session, job_id, JobState.PENDING, at=at, message=message, detail=detail)
+    job.not_before = not_before
     session.flush()
     return job
 
