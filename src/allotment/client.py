@@ -109,6 +109,12 @@ class AllotmentClient:
         job: dict[str, Any] = self._request("GET", f"/jobs/{job_id}")
         return job
 
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        """Cancel a job; returns it, now ``cancelled``. ``ClientError`` with code
+        ``already_ended`` (status 409) when it has ended, ``not_found`` when unknown."""
+        job: dict[str, Any] = self._request("POST", f"/jobs/{job_id}/cancel")
+        return job
+
     def events(self, job_id: str) -> list[dict[str, Any]]:
         """The job's events, oldest first."""
         body: dict[str, Any] = self._request("GET", f"/jobs/{job_id}/events")

@@ -13,7 +13,7 @@ from allotment.domain.lifecycle import JobState
 MAX_PAGE = 500
 
 ERRORS: dict[int | str, dict[str, object]] = {
-    code: {"model": schemas.ErrorOut} for code in (404, 413, 422, 500)
+    code: {"model": schemas.ErrorOut} for code in (404, 409, 413, 422, 500)
 }
 
 router = APIRouter(prefix="/api/v1", responses=ERRORS)
@@ -47,6 +47,11 @@ def list_jobs(
 @router.get("/jobs/{job_id}", response_model=schemas.JobOut)
 def get_job(job_id: str, svc: Service) -> schemas.JobOut:
     return svc.get(job_id=job_id)
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=schemas.JobOut)
+def cancel_job(job_id: str, svc: Service) -> schemas.JobOut:
+    return svc.cancel(job_id=job_id)
 
 
 @router.get("/jobs/{job_id}/events", response_model=schemas.EventList)

@@ -1,4 +1,5 @@
-"""What the API does, without HTTP: submit, read jobs and events, describe the queues.
+"""What the API does, without HTTP: submit, cancel, read jobs and events, describe the
+queues.
 
 Each function opens and commits its own session. Domain errors pass through unchanged;
 the app's one handler turns them into HTTP.
@@ -109,6 +110,13 @@ class JobService:
         """One job; raises ``NotFound``."""
         with self.sessions() as session:
             return job_out(job_store.get_job(session, job_id))
+
+    def cancel(self, *, job_id: str, user: str = ANONYMOUS) -> schemas.JobOut:
+        """Cancel a job; return it, now ``cancelled``. A waiting job leaves its line at
+        once; the control loop stops the replicas of a running one and frees its
+        resources. Raises ``NotFound``, or ``AlreadyEnded`` (409) for an ended job."""
+        with self.sessions.begin() as session:
+            return job_out(job_store.cancel_job(session, job_id, at=self.clock(), by=user))
 
     def list(
         self,

@@ -19,7 +19,7 @@ from allotment.domain.errors import AlreadyEnded, NotFound
 from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import ALLOWED, FailureClass, JobState, transition
 from allotment.domain.reasons import Reason
-from allotment.store.models import Event, Job
+from allotment.store.models import Attempt, Event, Job
 
 TRANSITION = "transition"
 """Event kind of a state change."""
@@ -156,16 +156,16 @@ def cancel_job(session: Session, job_id: str, *, at: float, by: str | None = Non
     """Cancel job ``job_id`` (the row locked); return it, now ``cancelled``.
 
     A waiting job leaves its line at once; one holding an allocation (or preempted and
-    waiting to be requeued) is ``cancelled`` in the store and the control loop then
-    stops its replicas and frees its resources. Raises :class:`AlreadyEnded` for a job
-    that has ended (succeeded, failed, cancelled, reclaimed) and :class:`NotFound` for
-    an unknown one; neither writes anything.
+    waiting to be requeued) is ``cancelled`` in the store, its open attempt with it, and
+    the control loop then stops its replicas and frees its resources. Raises
+    :class:`AlreadyEnded` for a job that has ended (succeeded, failed, cancelled,
+    reclaimed) and :class:`NotFound` for an unknown one; neither writes anything.
     """
     job = get_job(session, job_id, for_update=True)
     state = JobState(job.state)
     if JobState.CANCELLED not in ALLOWED[state]:
         raise AlreadyEnded(job_id, state.value, "cancel")
-    return transition_job(
+    job = transition_job(
         session,
         job_id,
         JobState.CANCELLED,
@@ -173,6 +173,12 @@ def cancel_job(session: Session, job_id: str, *, at: float, by: str | None = Non
         message="cancelled" if by is None else f"cancelled by {by}",
         detail={"by": by, "from": state.value, "attempt": job.attempt},
     )
+    attempt = session.get(Attempt, (job.id, job.attempt))
+    if attempt is not None and attempt.end_time is None:
+        attempt.state = job.state
+        attempt.failure_class = job.failure_class
+    session.flush()
+    return job
 
 
 def requeue_job(
