@@ -47,7 +47,8 @@ class LoopRunner:
         self._woken = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
+        """Held during a turn: hold it to change what the loop works on."""
         self.turns = 0
         """Turns completed (read by tests and the health check)."""
         self.failures = 0
@@ -82,7 +83,7 @@ class LoopRunner:
     def turn(self, *, reconcile: bool = False) -> float | None:
         """One turn on the caller's thread (the runner's thread calls it too); returns
         the scheduler's next wake-up (seconds since the epoch) if it asked for one."""
-        with self._lock:
+        with self.lock:
             if reconcile:
                 self.loop.reconcile()
             self.loop.observe()
