@@ -18,10 +18,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -e '.[dev]'
 	touch $(STAMP)
 
-# The server does not exist yet: for now the main job is a policy comparison on the
-# example trace.
+# The main job: server, control loop, local executor and dashboard on this machine, with
+# the one-workstation example cluster (two virtual GPUs unless NVML finds real ones).
 up: $(STAMP)
-	$(BIN)/allot sim examples/trace.csv -f examples/cluster.yaml --policy fifo-isolated --policy default
+	$(BIN)/allot up -f examples/cluster-local.yaml
 
 test: $(STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)

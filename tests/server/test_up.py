@@ -111,3 +111,30 @@ def test_cluster_from_the_store_when_no_file_is_given(up: Up) -> None:
         with pytest.raises(ClientError) as info:
             client.get_job("j-nope")
         assert info.value.status == 404
+
+
+def test_up_on_postgresql(up: Up) -> None:
+    """``--db`` takes a PostgreSQL URL: a database of its own, dropped afterwards."""
+    import uuid
+
+    from sqlalchemy import create_engine, text
+
+    name = f"allot_up_{uuid.uuid4().hex[:8]}"
+    admin = create_engine("postgresql+psycopg://postgres@127.0.0.1:5432/test")
+    with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        up.start(
+            "-f",
+            str(EXAMPLES / "cluster-local.yaml"),
+            "--db",
+            f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}",
+        )
+        with up.client() as client:
+            job = client.submit(JOB)
+        assert wait_state(up, job["id"], {"succeeded", "failed"}) == "succeeded"
+        up.stop()
+    finally:
+        with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
