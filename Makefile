@@ -18,13 +18,13 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -e '.[dev]'
 	touch $(STAMP)
 
-# The server does not exist yet: for now the main job is a policy comparison on the
-# example trace.
+# The main job: server, control loop, local executor and dashboard on this machine, with
+# the one-workstation example cluster (two virtual GPUs unless NVML finds real ones).
 up: $(STAMP)
-	$(BIN)/allot sim examples/trace.csv -f examples/cluster.yaml --policy fifo-isolated --policy default
+	$(BIN)/allot up -f examples/cluster-local.yaml
 
 test: $(STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/ruff format --check $(LINT_PATHS)
-	$(BIN)/mypy --strict src/allotment/domain src/allotment/scheduler src/allotment/sim src/allotment/cli src/allotment/executors src/allotment/store src/allotment/control src/allotment/api src/allotment/client.py
+	$(BIN)/mypy --strict src/allotment/domain src/allotment/scheduler src/allotment/sim src/allotment/cli src/allotment/executors src/allotment/store src/allotment/control src/allotment/api src/allotment/web src/allotment/client.py src/allotment/clientconfig.py src/allotment/server.py
 	$(BIN)/python -m pytest; status=$$?; if [ $$status -eq 5 ]; then exit 0; fi; exit $$status

@@ -8,7 +8,9 @@ from collections.abc import Callable
 from fastapi import FastAPI
 from sqlalchemy.orm import Session, sessionmaker
 
+from allotment.api.dashboard import router as dashboard_router
 from allotment.api.errors import install_error_handlers
+from allotment.api.gate import AdminTokenGate, AfterWrite
 from allotment.api.limits import MAX_BODY_BYTES, BodyLimit
 from allotment.api.routes import router
 from allotment.api.service import JobService
@@ -21,14 +23,25 @@ def create_app(
     store_sessions: sessionmaker[Session],
     clock: Callable[[], float] = time.time,
     max_body_bytes: int = MAX_BODY_BYTES,
+    admin_token_digest: str | None = None,
+    after_write: Callable[[], None] | None = None,
 ) -> FastAPI:
-    """An app serving ``/api/v1`` for ``cluster`` on the store behind ``store_sessions``.
+    """An app serving ``/api/v1`` and the dashboard for ``cluster`` on the store behind
+    ``store_sessions``.
 
-    Does not start a server or the control loop; submitted jobs are left ``pending``.
+    ``admin_token_digest`` (see :func:`~allotment.api.gate.token_digest`) turns on the
+    admin-token gate; without it every request is let through (tests, embedding).
+    ``after_write`` is called after each successful write (the server wakes the control
+    loop). Does not start a server or the control loop.
     """
     app = FastAPI(title="Allotment", version="1")
     app.state.service = JobService(cluster=cluster, sessions=store_sessions, clock=clock)
     app.include_router(router)
+    app.include_router(dashboard_router)
     install_error_handlers(app)
+    if after_write is not None:
+        app.add_middleware(AfterWrite, hook=after_write)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    if admin_token_digest is not None:
+        app.add_middleware(AdminTokenGate, digest=admin_token_digest)  # outermost
     return app

@@ -3,14 +3,30 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 MAX_BODY_BYTES = 1024 * 1024
 
 
-class BodyTooLarge(Exception):
-    pass
+async def send_error(
+    send: Send, status: int, code: str, message: str, fields: dict[str, Any]
+) -> None:
+    """Answer with the usual JSON error body from ASGI middleware, and close."""
+    body = json.dumps({"code": code, "message": message, "fields": fields}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 class BodyLimit:
@@ -22,25 +38,13 @@ class BodyLimit:
         self.max_bytes = max_bytes
 
     async def _refuse(self, send: Send) -> None:
-        body = json.dumps(
-            {
-                "code": "body_too_large",
-                "message": f"request body larger than {self.max_bytes} bytes",
-                "fields": {"max_bytes": self.max_bytes},
-            }
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
+        await send_error(
+            send,
+            413,
+            "body_too_large",
+            f"request body larger than {self.max_bytes} bytes",
+            {"max_bytes": self.max_bytes},
         )
-        await send({"type": "http.response.body", "body": body})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

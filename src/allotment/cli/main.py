@@ -17,6 +17,8 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
+from allotment.cli import up
+from allotment.cli.errors import print_error
 from allotment.domain.errors import AllotmentError, ConfigError, InvalidInput
 from allotment.domain.loading import check_job, load_cluster, load_job
 
@@ -52,9 +54,7 @@ OutputOption = Annotated[
 ]
 
 
-def _error(message: str) -> None:
-    typer.secho("error: ", fg=typer.colors.RED, bold=True, err=True, nl=False)
-    typer.echo(message, err=True)
+_error = print_error
 
 
 def _print_json(data: Any) -> None:
@@ -344,6 +344,9 @@ def _jobs_out_path(path: str, policy: str, *, several: bool) -> Path:
         return target
     safe = "".join(c if c.isalnum() or c in "-_+" else "_" for c in policy)
     return target.with_name(f"{target.stem}.{safe}{target.suffix or '.csv'}")
+
+
+up.register(app)
 
 
 def main() -> None:

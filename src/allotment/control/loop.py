@@ -134,6 +134,11 @@ class ControlLoop:
         self._nominated.clear()
         return session
 
+    def invalidate(self) -> None:
+        """Forget the scheduler session: the next call rebuilds it from the store (after
+        a failed turn, or when the cluster configuration changed)."""
+        self._session = None
+
     # ------------------------------------------------------------------ cycle
 
     def cycle(self) -> Decisions:

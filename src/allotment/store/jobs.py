@@ -268,3 +268,14 @@ def list_jobs(
 def events_for(session: Session, job_id: str) -> Sequence[Event]:
     """The job's events, oldest first (empty for an unknown job)."""
     return session.scalars(select(Event).where(Event.job_id == job_id).order_by(Event.id)).all()
+
+
+def recent_jobs(session: Session, *, states: Iterable[JobState], limit: int = 20) -> Sequence[Job]:
+    """The jobs in ``states`` that changed last, newest first."""
+    query = (
+        select(Job)
+        .where(Job.state.in_([JobState(s).value for s in states]))
+        .order_by(Job.updated_at.desc(), Job.id.desc())
+        .limit(limit)
+    )
+    return session.scalars(query).all()

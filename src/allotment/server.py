@@ -1,0 +1,299 @@
+"""The composition root: what ``allot up`` starts, in one process.
+
+The store (SQLite file in the data directory by default, or ``--db``), migrated to the
+newest schema; the cluster configuration (``-f`` applied first; else the one stored;
+else a one-node cluster describing this machine); the local executor; the control loop
+on a thread of its own (:class:`~allotment.control.runner.LoopRunner`), woken by every
+write through the API; and the HTTP API with the dashboard, served by uvicorn.
+
+It writes the local user's client configuration (server URL and an admin token) so that
+the CLI works at once; only the token's digest is kept on the server side. Replicas run
+under supervisors of their own and outlive the server: a restarted server re-adopts
+them at its first turn.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI
+from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from allotment.api.app import create_app
+from allotment.api.gate import token_digest
+from allotment.clientconfig import read_client_config, write_client_config
+from allotment.control.loop import DEFAULT_STOP_GRACE_S, ControlLoop
+from allotment.control.runner import DEFAULT_RECONCILE_EVERY_S, DEFAULT_TICK_S, LoopRunner
+from allotment.domain.cluster import Cluster
+from allotment.domain.errors import InvalidInput
+from allotment.domain.loading import load_cluster_text
+from allotment.executors.gpus import nvml_gpus
+from allotment.executors.local import LocalExecutor
+from allotment.store import migrate
+from allotment.store.configs import apply_cluster_config, current_cluster_config
+from allotment.store.db import make_engine, session_factory
+
+log = logging.getLogger("allotment.server")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8642
+VIRTUAL_GPUS = 2
+"""GPUs of the built-in local cluster on a machine where NVML finds none."""
+TOKEN_DIGEST_FILE = "admin-token.sha256"
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "allotment"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerOptions:
+    data_dir: Path
+    db_url: str | None = None
+    """None: ``sqlite:///<data_dir>/allotment.db``."""
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    cluster_file: Path | None = None
+    client_config: Path | None = None
+    """Where to write the CLI's config; None: the user's default place."""
+    tick_s: float = DEFAULT_TICK_S
+    reconcile_every_s: float = DEFAULT_RECONCILE_EVERY_S
+    stop_grace_s: float = DEFAULT_STOP_GRACE_S
+
+    @property
+    def database_url(self) -> str:
+        return self.db_url or f"sqlite:///{self.data_dir / 'allotment.db'}"
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+class StartupError(Exception):
+    """``allot up`` cannot start; the message says what to change."""
+
+
+def local_cluster_text(gpus: int, cpus: int, memory_gib: int, *, virtual: bool) -> str:
+    """A one-node cluster for this machine: queues ``default`` and ``batch``, each
+    guaranteed half of it and free to borrow the rest."""
+    half_gpu = gpus // 2
+    model = "virtual" if virtual else "nvml"
+    return f"""# Written by 'allot up' for this machine; replace it with 'allot apply -f FILE'.
+pools:
+  - name: local
+    labels: {{gpu_model: {model}}}
+    price_per_gpu_hour: 0
+nodes:
+  - {{name: localhost, pool: local, capacity: {{gpu: {gpus}, cpu: {cpus}, memory: {memory_gib}Gi}}}}
+tenants:
+  - name: local
+queues:
+  - name: workstation
+    children:
+      - name: default
+        tenant: local
+        quota: {{local: {{gpu: {gpus - half_gpu}, cpu: {cpus - cpus // 2}}}}}
+        default_priority_class: training
+      - name: batch
+        tenant: local
+        quota: {{local: {{gpu: {half_gpu}, cpu: {cpus // 2}}}}}
+        default_priority_class: experiment
+"""
+
+
+def this_machine_cluster_text() -> str:
+    found = nvml_gpus()
+    cpus = os.cpu_count() or 1
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError):
+        memory = 8 * 1024**3
+    gib = max(1, memory // 1024**3)
+    if found:
+        return local_cluster_text(len(found), cpus, gib, virtual=False)
+    return local_cluster_text(VIRTUAL_GPUS, cpus, gib, virtual=True)
+
+
+def _check_port(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise StartupError(
+                f"cannot listen on {host}:{port} ({exc.strerror}); is another 'allot up' "
+                "running? Stop it, or pick another port with --port"
+            ) from exc
+
+
+class Server:
+    """Everything ``allot up`` runs. :meth:`open` builds it, :meth:`run` serves until
+    interrupted, :meth:`close` stops the loop (replicas keep running)."""
+
+    def __init__(self, options: ServerOptions, *, clock: Callable[[], float] = time.time):
+        self.options = options
+        self.clock = clock
+        self.engine: Engine | None = None
+        self.sessions: sessionmaker[Session] | None = None
+        self.cluster: Cluster | None = None
+        self.loop: ControlLoop | None = None
+        self.runner: LoopRunner | None = None
+        self.app: FastAPI | None = None
+        self.token: str | None = None
+        self.config_path: Path | None = None
+
+    # ------------------------------------------------------------------ build
+
+    def open(self) -> None:
+        """Build everything, without serving. Raises :class:`StartupError` or a domain
+        ``InvalidInput`` (a bad cluster file) with what to change."""
+        options = self.options
+        _check_port(options.host, options.port)
+        options.data_dir.mkdir(parents=True, exist_ok=True)
+        self.engine = make_engine(options.database_url)
+        try:
+            migrate.upgrade(self.engine)
+        except Exception as exc:
+            url = make_url(options.database_url).render_as_string(hide_password=True)
+            raise StartupError(f"cannot open the store at {url}: {exc}") from exc
+        self.sessions = session_factory(self.engine)
+        self.cluster = self._cluster(self.sessions)
+        executor = LocalExecutor(options.data_dir / "executor")
+        self.loop = ControlLoop(
+            self.cluster,
+            self.sessions,
+            executor,
+            work_root=options.data_dir / "work",
+            clock=self.clock,
+            stop_grace_s=options.stop_grace_s,
+        )
+        self.runner = LoopRunner(
+            self.loop, tick_s=options.tick_s, reconcile_every_s=options.reconcile_every_s
+        )
+        self.token = self._admin_token()
+        self.app = create_app(
+            cluster=self.cluster,
+            store_sessions=self.sessions,
+            clock=self.clock,
+            admin_token_digest=token_digest(self.token),
+            after_write=self.runner.wake,
+        )
+        self.app.state.on_cluster_change = self.replace_cluster
+
+    def _cluster(self, sessions: sessionmaker[Session]) -> Cluster:
+        """``-f`` if given (stored as a new version when it differs), else the stored
+        configuration, else this machine."""
+        options = self.options
+        if options.cluster_file is not None:
+            try:
+                text = options.cluster_file.read_text()
+            except OSError as exc:
+                raise StartupError(f"cannot read {options.cluster_file}: {exc}") from exc
+            source = str(options.cluster_file)
+        else:
+            with sessions() as db:
+                stored = current_cluster_config(db)
+            if stored is not None:
+                return load_cluster_text(stored.text, source="the stored cluster configuration")
+            text, source = this_machine_cluster_text(), "the built-in local cluster"
+        cluster = load_cluster_text(text, source=source)
+        with sessions.begin() as db:
+            apply_cluster_config(db, text, at=self.clock(), applied_by="allot up")
+        return cluster
+
+    def _admin_token(self) -> str:
+        """The token of the local user's config when the server knows its digest; else
+        a new one. Writes the config either way (the URL may have changed)."""
+        options = self.options
+        digest_file = options.data_dir / TOKEN_DIGEST_FILE
+        stored = read_client_config(options.client_config).get("token")
+        try:
+            known = digest_file.read_text().strip()
+        except OSError:
+            known = ""
+        if stored is not None and known and token_digest(stored) == known:
+            token = stored
+        else:
+            token = secrets.token_urlsafe(32)
+            fd = os.open(digest_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(token_digest(token) + "\n")
+        self.config_path = write_client_config(options.url, token, options.client_config)
+        return token
+
+    def replace_cluster(self, cluster: Cluster) -> None:
+        """A new cluster configuration was applied: the loop schedules on it from its
+        next turn (its scheduler session is rebuilt from the store)."""
+        assert self.loop is not None and self.runner is not None
+        with self.runner.lock:
+            self.cluster = cluster
+            self.loop.cluster = cluster
+            self.loop.invalidate()
+        self.runner.wake()
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> None:
+        """Serve until SIGINT or SIGTERM; blocks. Call :meth:`open` first."""
+        assert self.app is not None and self.runner is not None
+        self.runner.start()
+        config = uvicorn.Config(
+            self.app,
+            host=self.options.host,
+            port=self.options.port,
+            log_level="warning",
+            access_log=False,
+        )
+        try:
+            uvicorn.Server(config).run()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.runner is not None:
+            self.runner.stop()
+        if self.engine is not None:
+            self.engine.dispose()
+
+
+def describe(server: Server) -> list[str]:
+    """What ``allot up`` prints once it is ready."""
+    options = server.options
+    assert server.cluster is not None and server.token is not None
+    cluster = server.cluster
+    gpus = sum(node.gpu_count for node in cluster.nodes.values())
+    url = make_url(options.database_url).render_as_string(hide_password=True)
+    return [
+        f"Allotment is up at {options.url}",
+        f"  dashboard: {options.url}/?token={server.token}",
+        f"  store:     {url}",
+        f"  cluster:   {len(cluster.pools)} pool(s), {len(cluster.nodes)} node(s), "
+        f"{gpus} GPU(s), {len(cluster.leaves)} leaf queue(s)",
+        f"  CLI config written to {server.config_path}",
+        "Try: allot run --gpus 1 -- nvidia-smi   (or any command; see README)",
+        "Stop with Ctrl-C; running jobs keep running and are re-adopted on the next start.",
+    ]
+
+
+__all__ = [
+    "InvalidInput",
+    "Server",
+    "ServerOptions",
+    "StartupError",
+    "default_data_dir",
+    "describe",
+    "local_cluster_text",
+]
