@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
 from allotment.control.allocations import allocation_json, placements_from_json, replica_keys
-from allotment.control.retries import close_attempt, requeue_preempted, retry_failed
+from allotment.control.retries import finish_attempt
 from allotment.domain.cluster import Cluster
 from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import ACTIVE, FailureClass, JobState
@@ -361,12 +361,7 @@ class ControlLoop:
         for job_id in stopping:
             self._stop_sent.add(job_id)
             session.stopping(job_id)
-        for job_id in gone:
-            self._stop_sent.discard(job_id)
-            session.gone(job_id)
-        for pending in requeued:
-            if session.pending_job(pending.id) is None:
-                session.submit(pending)
+        self._settle(session, gone, requeued)
         self._stop_keys(to_stop)
         return moves
 
@@ -380,16 +375,11 @@ class ControlLoop:
         moves: list[Move],
         requeued: list[PendingJob],
     ) -> None:
-        """Close the attempt of an ended job; requeue it if it was preempted, retry it if
-        it failed and its policy says so."""
-        close_attempt(attempt, seen, now)
+        """Close the attempt of an ended job, which may go back to pending."""
         state = _S(job.state)
-        if state is _S.PREEMPTED:
-            requeue_preempted(db, job, now)
-        elif state is not _S.FAILED or retry_failed(db, self.cluster, job, now) is None:
-            return
-        moves.append(Move(job=job.id, source=state, target=_S.PENDING))
-        requeued.append(self._pending(job))
+        if finish_attempt(db, self.cluster, job, attempt, seen, now):
+            moves.append(Move(job=job.id, source=state, target=_S.PENDING))
+            requeued.append(self._pending(job))
 
     def _apply(
         self,
@@ -524,12 +514,7 @@ class ControlLoop:
                     ended = {k: statuses[k] for k in keys if k in statuses}
                     self._finish(db, job, attempt, ended, now, moves, requeued)
                     gone.append(job.id)
-        for job_id in gone:
-            self._stop_sent.discard(job_id)
-            session.gone(job_id)
-        for pending in requeued:
-            if session.pending_job(pending.id) is None:
-                session.submit(pending)
+        self._settle(session, gone, requeued)
         self._stop_keys(to_stop)
         self._launch_admitted()
         orphans = sorted(k for k, s in statuses.items() if not s.ended and k not in known)
@@ -538,6 +523,15 @@ class ControlLoop:
         return orphans
 
     # ------------------------------------------------------------------ helpers
+
+    def _settle(self, session: Session, gone: list[str], requeued: list[PendingJob]) -> None:
+        """Closed attempts free their resources; requeued jobs join their lines."""
+        for job_id in gone:
+            self._stop_sent.discard(job_id)
+            session.gone(job_id)
+        for pending in requeued:
+            if session.pending_job(pending.id) is None:
+                session.submit(pending)
 
     def _stop_jobs(self, job_ids: Sequence[str]) -> None:
         if not job_ids:

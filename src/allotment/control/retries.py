@@ -44,6 +44,24 @@ def close_attempt(attempt: Attempt, seen: Mapping[ReplicaKey, ReplicaStatus], no
             attempt.exit_code, attempt.signal = ending[0][2].exit_code, ending[0][2].signal
 
 
+def finish_attempt(
+    db: DbSession,
+    cluster: Cluster,
+    job: Job,
+    attempt: Attempt,
+    seen: Mapping[ReplicaKey, ReplicaStatus],
+    now: float,
+) -> bool:
+    """Close the attempt of an ended ``job`` (its replicas' last statuses in ``seen``);
+    requeue the job if it was preempted, retry it if it failed and its policy allows.
+    Return whether it went back to ``pending``."""
+    close_attempt(attempt, seen, now)
+    if job.state == JobState.PREEMPTED.value:
+        requeue_preempted(db, job, now)
+        return True
+    return job.state == JobState.FAILED.value and retry_failed(db, cluster, job, now) is not None
+
+
 def retry_policy(spec: JobSpec, cluster: Cluster) -> RetryPolicy | None:
     """The policy that governs ``spec``'s retries, or ``None`` (no retries)."""
     if spec.retry is not None:
