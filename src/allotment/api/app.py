@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from fastapi import FastAPI
 from sqlalchemy.orm import Session, sessionmaker
@@ -13,6 +14,7 @@ from allotment.api.limits import MAX_BODY_BYTES, BodyLimit
 from allotment.api.routes import router
 from allotment.api.service import JobService
 from allotment.domain.cluster import Cluster
+from allotment.scheduler.snapshot import SchedulerPolicy
 
 
 def create_app(
@@ -21,13 +23,22 @@ def create_app(
     store_sessions: sessionmaker[Session],
     clock: Callable[[], float] = time.time,
     max_body_bytes: int = MAX_BODY_BYTES,
+    work_root: Path | None = None,
+    policy: SchedulerPolicy | None = None,
 ) -> FastAPI:
     """An app serving ``/api/v1`` for ``cluster`` on the store behind ``store_sessions``.
 
     Does not start a server or the control loop; submitted jobs are left ``pending``.
+    ``work_root`` is the control loop's (where replica logs are, see
+    :mod:`allotment.control.layout`); ``policy`` is the loop's scheduler policy, used to
+    explain waiting jobs. After ``PUT /cluster`` the app calls
+    ``app.state.on_cluster_change(cluster)`` when the composition has set it.
     """
     app = FastAPI(title="Allotment", version="1")
-    app.state.service = JobService(cluster=cluster, sessions=store_sessions, clock=clock)
+    app.state.service = JobService(
+        cluster=cluster, sessions=store_sessions, clock=clock, work_root=work_root, policy=policy
+    )
+    app.state.on_cluster_change = None
     app.include_router(router)
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
