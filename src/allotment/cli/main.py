@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
+from allotment.cli import live
 from allotment.domain.errors import AllotmentError, ConfigError, InvalidInput
 from allotment.domain.loading import check_job, load_cluster, load_job
 
@@ -344,6 +345,9 @@ def _jobs_out_path(path: str, policy: str, *, several: bool) -> Path:
         return target
     safe = "".join(c if c.isalnum() or c in "-_+" else "_" for c in policy)
     return target.with_name(f"{target.stem}.{safe}{target.suffix or '.csv'}")
+
+
+live.register(app)
 
 
 def main() -> None:
