@@ -16,6 +16,7 @@ from allotment.client import AllotmentClient, ClientError
 from allotment.control.layout import log_path, logs_dir
 from allotment.domain.lifecycle import JobState
 from allotment.domain.reasons import ReasonCode
+from allotment.store.jobs import transition_job
 from tests.api.conftest import EXAMPLES
 from tests.api.live import Live, job_text, live_stack
 
@@ -222,3 +223,11 @@ def test_apply_cluster_typo_names_key_and_line(live: Live, api: AllotmentClient)
     [issue] = error.fields["issues"]
     assert issue["line"] == 3 and "colour" in issue["path"]
     assert api.cluster()["version"] is None and live.applied == []
+
+
+def test_logs_of_a_job_that_never_started_end(live: Live, api: AllotmentClient) -> None:
+    job = api.submit(job_text("print(1)"))["id"]
+    with live.sessions.begin() as db:
+        transition_job(db, job, S.CANCELLED, at=time.time(), message="cancelled")
+    chunk = api.logs(job)
+    assert (chunk["attempt"], chunk["data"], chunk["eof"]) == (0, "", True)

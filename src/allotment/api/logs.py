@@ -10,6 +10,7 @@ from allotment.api import schemas
 from allotment.control.allocations import placements_from_json
 from allotment.control.layout import Stream, log_path, logs_dir, replica_name
 from allotment.domain.errors import AllotmentError, NotFound
+from allotment.domain.lifecycle import WAITING, JobState
 from allotment.store.jobs import get_job
 from allotment.store.models import Attempt
 
@@ -37,11 +38,11 @@ def read_log(
     """Up to ``limit`` bytes of one replica's ``stream`` from ``offset``.
 
     ``attempt`` defaults to the latest, ``replica`` to the attempt's first. A job that
-    has not started yet answers no data (``attempt`` 0, ``eof`` false). Raises
+    has not started yet answers no data (``attempt`` 0; ``eof`` once it ended). Raises
     ``NotFound`` for an unknown job, attempt or replica (the replicas in ``fields``)."""
     job = get_job(db, job_id)
     number = job.attempt if attempt is None else attempt
-    if number == 0 and attempt is None:
+    if number == 0 and attempt is None:  # never started: over once it has ended
         return schemas.LogChunk(
             job=job.id,
             attempt=0,
@@ -51,7 +52,7 @@ def read_log(
             offset=offset,
             next_offset=offset,
             data="",
-            eof=False,
+            eof=JobState(job.state) not in WAITING,
         )
     row = db.get(Attempt, (job.id, number))
     if row is None:
