@@ -122,10 +122,63 @@ class AllotmentClient:
         return events
 
     def queues(self) -> list[dict[str, Any]]:
-        """The queue tree: each queue with ``name, tenant, leaf, nominal_gpu, children``."""
+        """The queue tree: each queue with ``name, tenant, leaf, nominal_gpu, children``,
+        and its usage: ``usage`` (per pool: ``nominal``, ``used``, ``borrowed`` GPUs),
+        ``pending`` and ``running`` (job counts of its subtree)."""
         body: dict[str, Any] = self._request("GET", "/queues")
         queues: list[dict[str, Any]] = body["queues"]
         return queues
+
+    def why(self, job_id: str) -> dict[str, Any]:
+        """Why the job waits: ``{job, state, reason, position, estimated_start, holders}``
+        (and ``placement`` while it holds an allocation)."""
+        body: dict[str, Any] = self._request("GET", f"/jobs/{job_id}/why")
+        return body
+
+    def logs(
+        self,
+        job_id: str,
+        *,
+        replica: str | None = None,
+        stream: str = "out",
+        offset: int = 0,
+        limit: int = 65536,
+        attempt: int | None = None,
+    ) -> dict[str, Any]:
+        """A chunk of one replica's log: ``{job, attempt, replica, replicas, stream,
+        offset, next_offset, data, eof}``; pass ``next_offset`` back as ``offset``."""
+        params: dict[str, str | int] = {"stream": stream, "offset": offset, "limit": limit}
+        if replica is not None:
+            params["replica"] = replica
+        if attempt is not None:
+            params["attempt"] = attempt
+        body: dict[str, Any] = self._request("GET", f"/jobs/{job_id}/logs", params=params)
+        return body
+
+    def pools(self) -> list[dict[str, Any]]:
+        """Pools: ``name, labels, price_per_gpu_hour, nodes, gpu{capacity, allocated, free}``."""
+        body: dict[str, Any] = self._request("GET", "/pools")
+        pools: list[dict[str, Any]] = body["pools"]
+        return pools
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Nodes: ``name, pool, healthy, topology, capacity, allocated, free, jobs``."""
+        body: dict[str, Any] = self._request("GET", "/nodes")
+        nodes: list[dict[str, Any]] = body["nodes"]
+        return nodes
+
+    def apply_cluster(self, text: str, *, dry_run: bool = False) -> dict[str, Any]:
+        """Apply ``cluster.yaml`` text: ``{dry_run, applied, version, diff}``, the diff
+        per section as ``{added, removed, changed}`` names."""
+        body: dict[str, Any] = self._request(
+            "PUT", "/cluster", json={"text": text, "dry_run": dry_run}
+        )
+        return body
+
+    def cluster(self) -> dict[str, Any]:
+        """The applied ``cluster.yaml``: ``{version, text, sha256, applied_at}``."""
+        body: dict[str, Any] = self._request("GET", "/cluster")
+        return body
 
     def health(self) -> dict[str, Any]:
         body: dict[str, Any] = self._request("GET", "/healthz")

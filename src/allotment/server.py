@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from allotment.api.app import create_app
 from allotment.api.gate import token_digest
 from allotment.clientconfig import read_client_config, write_client_config
+from allotment.control.leading import LeaderElection
 from allotment.control.loop import DEFAULT_STOP_GRACE_S, ControlLoop
 from allotment.control.runner import DEFAULT_RECONCILE_EVERY_S, DEFAULT_TICK_S, LoopRunner
 from allotment.domain.cluster import Cluster
@@ -150,7 +151,7 @@ class Server:
         self.sessions: sessionmaker[Session] | None = None
         self.cluster: Cluster | None = None
         self.loop: ControlLoop | None = None
-        self.runner: LoopRunner | None = None
+        self.election: LeaderElection | None = None
         self.app: FastAPI | None = None
         self.token: str | None = None
         self.config_path: Path | None = None
@@ -171,27 +172,50 @@ class Server:
             raise StartupError(f"cannot open the store at {url}: {exc}") from exc
         self.sessions = session_factory(self.engine)
         self.cluster = self._cluster(self.sessions)
-        executor = LocalExecutor(options.data_dir / "executor")
-        self.loop = ControlLoop(
-            self.cluster,
-            self.sessions,
-            executor,
-            work_root=options.data_dir / "work",
-            clock=self.clock,
-            stop_grace_s=options.stop_grace_s,
-        )
-        self.runner = LoopRunner(
-            self.loop, tick_s=options.tick_s, reconcile_every_s=options.reconcile_every_s
-        )
+        self.election = LeaderElection(self.engine, self._make_runner, on_change=self._leading)
         self.token = self._admin_token()
         self.app = create_app(
             cluster=self.cluster,
             store_sessions=self.sessions,
             clock=self.clock,
             admin_token_digest=token_digest(self.token),
-            after_write=self.runner.wake,
+            after_write=self.election.wake,
+            work_root=self.work_root,
         )
         self.app.state.on_cluster_change = self.replace_cluster
+        self.election.start()
+
+    @property
+    def work_root(self) -> Path:
+        return self.options.data_dir / "work"
+
+    def _make_runner(self) -> LoopRunner:
+        """A loop on the newest stored cluster (another server may have applied one),
+        for one term as leader."""
+        assert self.sessions is not None
+        with self.sessions() as db:
+            stored = current_cluster_config(db)
+        if stored is not None:
+            self.cluster = load_cluster_text(stored.text, source="the stored cluster configuration")
+        assert self.cluster is not None
+        executor = LocalExecutor(self.options.data_dir / "executor")
+        self.loop = ControlLoop(
+            self.cluster,
+            self.sessions,
+            executor,
+            work_root=self.work_root,
+            clock=self.clock,
+            stop_grace_s=self.options.stop_grace_s,
+        )
+        return LoopRunner(
+            self.loop, tick_s=self.options.tick_s, reconcile_every_s=self.options.reconcile_every_s
+        )
+
+    def _leading(self, leading: bool) -> None:
+        if leading:
+            log.warning("this server now runs the scheduler")
+        else:
+            log.warning("this server no longer runs the scheduler: another one leads")
 
     def _cluster(self, sessions: sessionmaker[Session]) -> Cluster:
         """``-f`` if given (stored as a new version when it differs), else the stored
@@ -219,7 +243,10 @@ class Server:
         a new one. Writes the config either way (the URL may have changed)."""
         options = self.options
         digest_file = options.data_dir / TOKEN_DIGEST_FILE
-        stored = read_client_config(options.client_config).get("token")
+        try:
+            stored = read_client_config(options.client_config).get("token")
+        except InvalidInput:  # unreadable: it is rewritten below
+            stored = None
         try:
             known = digest_file.read_text().strip()
         except OSError:
@@ -237,19 +264,20 @@ class Server:
     def replace_cluster(self, cluster: Cluster) -> None:
         """A new cluster configuration was applied: the loop schedules on it from its
         next turn (its scheduler session is rebuilt from the store)."""
-        assert self.loop is not None and self.runner is not None
-        with self.runner.lock:
-            self.cluster = cluster
-            self.loop.cluster = cluster
-            self.loop.invalidate()
-        self.runner.wake()
+        self.cluster = cluster
+        runner = self.election.runner if self.election is not None else None
+        if runner is None:
+            return  # a follower: the leader's loop reads the stored version when it starts
+        with runner.lock:
+            runner.loop.cluster = cluster
+            runner.loop.invalidate()
+        runner.wake()
 
     # ------------------------------------------------------------------ run
 
     def run(self) -> None:
         """Serve until SIGINT or SIGTERM; blocks. Call :meth:`open` first."""
-        assert self.app is not None and self.runner is not None
-        self.runner.start()
+        assert self.app is not None
         config = uvicorn.Config(
             self.app,
             host=self.options.host,
@@ -263,8 +291,8 @@ class Server:
             self.close()
 
     def close(self) -> None:
-        if self.runner is not None:
-            self.runner.stop()
+        if self.election is not None:
+            self.election.stop()
         if self.engine is not None:
             self.engine.dispose()
 
@@ -283,6 +311,10 @@ def describe(server: Server) -> list[str]:
         f"  cluster:   {len(cluster.pools)} pool(s), {len(cluster.nodes)} node(s), "
         f"{gpus} GPU(s), {len(cluster.leaves)} leaf queue(s)",
         f"  CLI config written to {server.config_path}",
+        "  scheduler: running here"
+        if server.election is not None and server.election.leading
+        else "  scheduler: another server leads on this store; this one serves the API and "
+        "takes over if it goes away",
         "Try: allot run --gpus 1 -- nvidia-smi   (or any command; see README)",
         "Stop with Ctrl-C; running jobs keep running and are re-adopted on the next start.",
     ]

@@ -8,6 +8,7 @@ import time
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from allotment.control.layout import log_path
 from allotment.domain.lifecycle import JobState
 from allotment.scheduler.session import Session as SchedulerSession
 from allotment.store.jobs import cancel_job
@@ -83,7 +84,7 @@ def test_a_job_that_ignores_sigterm_is_killed_after_the_grace(
     job_id = submit(code)
     loop.cycle()
     assert run_until(loop, sessions, job_id, {S.RUNNING}) is S.RUNNING
-    log = executor_of(loop).replica_dir(key_of(job_id)) / "stdout.log"
+    log = log_path(loop.work_root, job_id, 1, "worker", 0, "out")
     wait_until(lambda: "ready" in log.read_text(), "the handler installed")
     cancel(sessions, job_id)
     started = time.monotonic()

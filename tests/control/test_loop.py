@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
+from allotment.control.layout import log_path
 from allotment.domain.lifecycle import FailureClass, JobState
 from allotment.executors.base import LaunchRequest
 from allotment.store.jobs import events_for, get_job
@@ -50,7 +51,7 @@ def test_a_one_gpu_job_runs_to_success_with_its_device(
     [placement] = attempt.allocation
     assert attempt.number == 1 and attempt.pool == "local" and attempt.state == "succeeded"
     assert attempt.end_time is not None and attempt.exit_code == 0
-    log = executor_of(loop).replica_dir(key_of(job_id)) / "stdout.log"
+    log = log_path(loop.work_root, job_id, 1, "worker", 0, "out")
     assert log.read_text().strip() == f"devices={placement['devices'][0]}"
     assert transitions(sessions, job_id) == [
         "submitted",

@@ -138,3 +138,22 @@ def test_up_on_postgresql(up: Up) -> None:
         with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+def test_a_second_server_on_the_same_store_serves_and_takes_over(up: Up) -> None:
+    up.start("-f", str(EXAMPLES / "cluster-local.yaml"))
+    first = up.process
+    second = Up(root=up.root)  # same data directory and store, another port
+    second.start()
+    up.processes.extend(second.processes)
+    with second.client() as client:
+        job = client.submit(JOB)
+    assert wait_state(second, job["id"], {"succeeded", "failed"}) == "succeeded"
+    assert first is not None
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=10)
+    with second.client() as client:
+        later = client.submit(JOB)
+    assert wait_state(second, later["id"], {"succeeded", "failed"}) == "succeeded"
+    _, err = second.stop()
+    assert "another server leads" in err and "now runs the scheduler" in err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from fastapi import FastAPI
 from sqlalchemy.orm import Session, sessionmaker
@@ -15,6 +16,7 @@ from allotment.api.limits import MAX_BODY_BYTES, BodyLimit
 from allotment.api.routes import router
 from allotment.api.service import JobService
 from allotment.domain.cluster import Cluster
+from allotment.scheduler.snapshot import SchedulerPolicy
 
 
 def create_app(
@@ -25,6 +27,8 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     admin_token_digest: str | None = None,
     after_write: Callable[[], None] | None = None,
+    work_root: Path | None = None,
+    policy: SchedulerPolicy | None = None,
 ) -> FastAPI:
     """An app serving ``/api/v1`` and the dashboard for ``cluster`` on the store behind
     ``store_sessions``.
@@ -32,10 +36,17 @@ def create_app(
     ``admin_token_digest`` (see :func:`~allotment.api.gate.token_digest`) turns on the
     admin-token gate; without it every request is let through (tests, embedding).
     ``after_write`` is called after each successful write (the server wakes the control
-    loop). Does not start a server or the control loop.
+    loop). ``work_root`` is the control loop's (where replica logs are, see
+    :mod:`allotment.control.layout`); ``policy`` is the loop's scheduler policy, used to
+    explain waiting jobs. After ``PUT /cluster`` the app calls
+    ``app.state.on_cluster_change(cluster)`` when the composition has set it. Does not
+    start a server or the control loop.
     """
     app = FastAPI(title="Allotment", version="1")
-    app.state.service = JobService(cluster=cluster, sessions=store_sessions, clock=clock)
+    app.state.service = JobService(
+        cluster=cluster, sessions=store_sessions, clock=clock, work_root=work_root, policy=policy
+    )
+    app.state.on_cluster_change = None
     app.include_router(router)
     app.include_router(dashboard_router)
     install_error_handlers(app)

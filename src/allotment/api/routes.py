@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Body, Depends, Query, Request
 
 from allotment.api import schemas
+from allotment.api.logs import MAX_CHUNK
 from allotment.api.service import JobService
+from allotment.domain.cluster import Cluster
 from allotment.domain.lifecycle import JobState
 
 MAX_PAGE = 500
+DEFAULT_LOG_CHUNK = 64 * 1024
 
 ERRORS: dict[int | str, dict[str, object]] = {
-    code: {"model": schemas.ErrorOut} for code in (404, 409, 413, 422, 500)
+    code: {"model": schemas.ErrorOut} for code in (400, 404, 409, 413, 422, 500)
 }
 
 router = APIRouter(prefix="/api/v1", responses=ERRORS)
@@ -59,9 +63,52 @@ def job_events(job_id: str, svc: Service) -> schemas.EventList:
     return svc.events(job_id=job_id)
 
 
-@router.get("/queues", response_model=schemas.QueueTree)
-def queues(svc: Service) -> schemas.QueueTree:
+@router.get("/jobs/{job_id}/why", response_model=schemas.WhyOut)
+def why(job_id: str, svc: Service) -> schemas.WhyOut:
+    return svc.why(job_id=job_id)
+
+
+@router.get("/jobs/{job_id}/logs", response_model=schemas.LogChunk)
+def logs(
+    job_id: str,
+    svc: Service,
+    replica: str | None = None,
+    stream: Literal["out", "err"] = "out",
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_CHUNK)] = DEFAULT_LOG_CHUNK,
+    attempt: Annotated[int | None, Query(ge=1)] = None,
+) -> schemas.LogChunk:
+    return svc.logs(
+        job_id=job_id, attempt=attempt, replica=replica, stream=stream, offset=offset, limit=limit
+    )
+
+
+@router.get("/queues", response_model=schemas.QueueUsageTree)
+def queues(svc: Service) -> schemas.QueueUsageTree:
     return svc.queues()
+
+
+@router.get("/pools", response_model=schemas.PoolList)
+def pools(svc: Service) -> schemas.PoolList:
+    return svc.pools()
+
+
+@router.get("/nodes", response_model=schemas.NodeList)
+def nodes(svc: Service) -> schemas.NodeList:
+    return svc.nodes()
+
+
+@router.get("/cluster", response_model=schemas.ClusterText)
+def cluster(svc: Service) -> schemas.ClusterText:
+    return svc.cluster_text()
+
+
+@router.put("/cluster", response_model=schemas.ClusterApplied)
+def apply_cluster(
+    body: Annotated[schemas.ClusterApply, Body()], request: Request, svc: Service
+) -> schemas.ClusterApplied:
+    hook: Callable[[Cluster], None] | None = getattr(request.app.state, "on_cluster_change", None)
+    return svc.apply_cluster(text=body.text, dry_run=body.dry_run, on_change=hook)
 
 
 @router.get("/healthz", response_model=schemas.Health)

@@ -98,3 +98,197 @@ class ErrorOut(Output):
     code: str
     message: str
     fields: dict[str, Any] = Field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- why
+
+
+class Position(Output):
+    """1-based: ``queue``, the job's place in its queue's order this cycle; ``pool``, its
+    place among pending jobs that may use its first pool (priority class, then age)."""
+
+    queue: int | None
+    pool: int | None
+
+
+class Holder(Output):
+    """A job holding GPUs the waiting job could use."""
+
+    job: str
+    queue: str
+    gpu: float | int
+    expected_end: str | None
+    pool: str
+    terminating: bool = False
+
+
+class ReplicaWhere(Output):
+    replica: str
+    node: str
+    gpu: float | int
+    devices: list[int]
+
+
+class Placement(Output):
+    """Where a job that holds an allocation runs."""
+
+    attempt: int
+    pool: str
+    nodes: list[str]
+    replicas: list[ReplicaWhere]
+
+
+class WhyReason(Output):
+    code: str
+    message: str
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class WhyOut(Output):
+    """``allot why JOB -o json`` (INTERFACES.md); ``reason``, ``position`` and
+    ``estimated_start`` are null unless the job is pending; ``placement`` is set while it
+    holds an allocation."""
+
+    job: str
+    state: str
+    reason: WhyReason | None
+    position: Position | None
+    estimated_start: str | None
+    holders: list[Holder]
+    placement: Placement | None = None
+
+
+# ---------------------------------------------------------------- logs
+
+
+class LogChunk(Output):
+    """Bytes ``offset``..``next_offset`` of one replica's stream, decoded as UTF-8.
+    ``eof``: the attempt has ended and everything written has been read."""
+
+    job: str
+    attempt: int
+    replica: str | None
+    stream: str
+    replicas: list[str]
+    offset: int
+    next_offset: int
+    data: str
+    eof: bool
+
+
+# ---------------------------------------------------------------- fleet
+
+
+class PoolUsage(Output):
+    """GPUs of one queue in one pool: its nominal quota, what open attempts of its
+    subtree hold, and the part of that held beyond its guarantee (borrowed)."""
+
+    nominal: float | int
+    used: float | int
+    borrowed: float | int
+
+
+class QueueUsageOut(Output):
+    """A queue as ``GET /queues`` shows it: ``QueueOut``'s fields plus usage per pool and
+    its subtree's pending and running job counts."""
+
+    name: str
+    tenant: str | None
+    leaf: bool
+    nominal_gpu: dict[str, float | int]
+    children: list[QueueUsageOut]
+    usage: dict[str, PoolUsage] = Field(default_factory=dict)
+    pending: int = 0
+    running: int = 0
+
+
+class QueueUsageTree(Output):
+    queues: list[QueueUsageOut]
+
+
+class GpuCount(Output):
+    capacity: float | int
+    allocated: float | int
+    free: float | int
+
+
+class PoolOut(Output):
+    name: str
+    labels: dict[str, str]
+    price_per_gpu_hour: float
+    nodes: list[str]
+    gpu: GpuCount
+
+
+class PoolList(Output):
+    pools: list[PoolOut]
+
+
+class NodeJob(Output):
+    job: str
+    attempt: int
+    replica: str
+    gpu: float | int
+    devices: list[int]
+
+
+class NodeOut(Output):
+    """Amounts in natural units: GPUs, CPU cores, bytes."""
+
+    name: str
+    pool: str
+    healthy: bool
+    topology: dict[str, str]
+    capacity: dict[str, float | int]
+    allocated: dict[str, float | int]
+    free: dict[str, float | int]
+    jobs: list[NodeJob]
+
+
+class NodeList(Output):
+    nodes: list[NodeOut]
+
+
+# ---------------------------------------------------------------- cluster
+
+
+MAX_CLUSTER_CHARS = 1024 * 1024
+
+
+class ClusterApply(Input):
+    """``PUT /cluster``: ``cluster.yaml`` as written; ``dry_run`` only validates and diffs."""
+
+    text: str = Field(min_length=1, max_length=MAX_CLUSTER_CHARS)
+    dry_run: bool = False
+
+
+class SectionDiff(Output):
+    added: list[str] = Field(default_factory=list)
+    removed: list[str] = Field(default_factory=list)
+    changed: list[str] = Field(default_factory=list)
+
+
+class ClusterDiff(Output):
+    priority_classes: SectionDiff
+    pools: SectionDiff
+    nodes: SectionDiff
+    tenants: SectionDiff
+    queues: SectionDiff
+
+
+class ClusterApplied(Output):
+    """``applied``: a new version was stored (false on a dry run or an unchanged text)."""
+
+    dry_run: bool
+    applied: bool
+    version: int | None
+    diff: ClusterDiff
+
+
+class ClusterText(Output):
+    """The applied ``cluster.yaml``; all null before the first apply."""
+
+    version: int | None
+    text: str | None
+    sha256: str | None
+    applied_at: float | None

@@ -7,16 +7,21 @@ the app's one handler turns them into HTTP.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from allotment.api import schemas
-from allotment.domain.cluster import Cluster, Queue
+from allotment.api import cluster_config, explain, fleet, schemas
+from allotment.api.logs import read_log
+from allotment.control.layout import Stream
+from allotment.domain.cluster import Cluster
 from allotment.domain.errors import ConfigError
 from allotment.domain.lifecycle import JobState
-from allotment.domain.loading import check_job, load_job_text
-from allotment.domain.resources import GPU, MILLI
+from allotment.domain.loading import check_job, load_cluster_text, load_job_text
+from allotment.scheduler.snapshot import SchedulerPolicy
+from allotment.store import configs as config_store
 from allotment.store import jobs as job_store
 from allotment.store.models import Event, Job
 
@@ -76,10 +81,15 @@ class JobService:
         cluster: Cluster,
         sessions: sessionmaker[Session],
         clock: Callable[[], float],
+        work_root: Path | None = None,
+        policy: SchedulerPolicy | None = None,
     ) -> None:
         self.cluster = cluster
         self.sessions = sessions
         self.clock = clock
+        self.work_root = work_root
+        self.policy = policy
+        self._apply_lock = threading.Lock()
 
     def submit(self, *, spec_text: str, user: str = ANONYMOUS) -> schemas.JobOut:
         """Parse ``spec_text`` like a job file, check it against the cluster, store it
@@ -142,20 +152,91 @@ class JobService:
             events = [event_out(e) for e in job_store.events_for(session, job_id)]
         return schemas.EventList(job=job_id, events=events)
 
-    def queues(self) -> schemas.QueueTree:
-        """The queue tree with nominal GPUs per pool."""
-        return schemas.QueueTree(queues=[_queue_out(root) for root in self.cluster.roots])
+    def queues(self) -> schemas.QueueUsageTree:
+        """The queue tree with nominal, used and borrowed GPUs per pool, and job counts."""
+        cluster = self.cluster
+        with self.sessions() as session:
+            usage = fleet.Usage(session)
+        return fleet.queue_tree(cluster, usage)
 
+    def pools(self) -> schemas.PoolList:
+        cluster = self.cluster
+        with self.sessions() as session:
+            usage = fleet.Usage(session)
+        return fleet.pools(cluster, usage)
 
-def _gpus(milli: int) -> float | int:
-    return milli // MILLI if milli % MILLI == 0 else milli / MILLI
+    def nodes(self) -> schemas.NodeList:
+        cluster = self.cluster
+        with self.sessions() as session:
+            usage = fleet.Usage(session)
+        return fleet.nodes(cluster, usage)
 
+    def why(self, *, job_id: str) -> schemas.WhyOut:
+        """Why the job waits (or where it runs); raises ``NotFound``."""
+        cluster = self.cluster
+        with self.sessions() as session:
+            return explain.why(session, cluster, job_id, now=self.clock(), policy=self.policy)
 
-def _queue_out(queue: Queue) -> schemas.QueueOut:
-    return schemas.QueueOut(
-        name=queue.name,
-        tenant=queue.tenant,
-        leaf=queue.is_leaf,
-        nominal_gpu={pool: _gpus(res[GPU]) for pool, res in queue.nominal.items() if res[GPU]},
-        children=[_queue_out(child) for child in queue.children],
-    )
+    def logs(
+        self,
+        *,
+        job_id: str,
+        attempt: int | None,
+        replica: str | None,
+        stream: Stream,
+        offset: int,
+        limit: int,
+    ) -> schemas.LogChunk:
+        """A chunk of one replica's log; see :func:`allotment.api.logs.read_log`."""
+        with self.sessions() as session:
+            return read_log(
+                session,
+                self.work_root,
+                job_id,
+                attempt=attempt,
+                replica=replica,
+                stream=stream,
+                offset=offset,
+                limit=limit,
+            )
+
+    def cluster_text(self) -> schemas.ClusterText:
+        """The latest applied ``cluster.yaml`` (all null before the first apply)."""
+        with self.sessions() as session:
+            config = config_store.current_cluster_config(session)
+            if config is None:
+                return schemas.ClusterText(version=None, text=None, sha256=None, applied_at=None)
+            return schemas.ClusterText(
+                version=config.version,
+                text=config.text,
+                sha256=config.sha256,
+                applied_at=config.applied_at,
+            )
+
+    def apply_cluster(
+        self,
+        *,
+        text: str,
+        dry_run: bool,
+        user: str = ANONYMOUS,
+        on_change: Callable[[Cluster], None] | None = None,
+    ) -> schemas.ClusterApplied:
+        """Validate ``text`` (``ConfigError`` naming key and line), diff it against the
+        cluster in use and, unless ``dry_run``, store it as the next version and use it
+        from now on (``on_change`` is told)."""
+        new = load_cluster_text(text, source=cluster_config.SOURCE)
+        with self._apply_lock:
+            changes = cluster_config.diff(self.cluster, new)
+            if dry_run:
+                return schemas.ClusterApplied(
+                    dry_run=True, applied=False, version=None, diff=changes
+                )
+            with self.sessions.begin() as session:
+                config, written = config_store.apply_cluster_config(
+                    session, text, at=self.clock(), applied_by=user
+                )
+                version = config.version
+            self.cluster = new
+            if on_change is not None:
+                on_change(new)
+        return schemas.ClusterApplied(dry_run=False, applied=written, version=version, diff=changes)

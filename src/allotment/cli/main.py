@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from allotment.cli import up
+from allotment.cli import live, up
 from allotment.cli.errors import print_error
 from allotment.domain.errors import AllotmentError, ConfigError, InvalidInput
 from allotment.domain.loading import check_job, load_cluster, load_job
@@ -347,6 +347,7 @@ def _jobs_out_path(path: str, policy: str, *, several: bool) -> Path:
 
 
 up.register(app)
+live.register(app)
 
 
 def main() -> None:

@@ -27,14 +27,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from sqlalchemy import and_, select
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
 from allotment.control.allocations import allocation_json, placements_from_json, replica_keys
+from allotment.control.layout import attempt_dir, log_path, logs_dir
 from allotment.control.retries import finish_attempt
+from allotment.control.views import pending_of, running_of
 from allotment.domain.cluster import Cluster
 from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import ACTIVE, FailureClass, JobState
@@ -54,7 +55,6 @@ from allotment.scheduler.snapshot import (
     ReplicaPlacement,
     RunningJob,
     SchedulerPolicy,
-    pending_from_spec,
 )
 from allotment.store.jobs import get_job, record_reason, transition_job
 from allotment.store.models import Attempt, Job
@@ -289,8 +289,9 @@ class ControlLoop:
     def _request(
         self, job_id: str, spec: JobSpec, number: int, placement: ReplicaPlacement
     ) -> LaunchRequest:
-        workdir = self.work_root / quote(job_id, safe="").replace(".", "%2E") / str(number)
-        workdir.mkdir(parents=True, exist_ok=True)
+        workdir = attempt_dir(self.work_root, job_id, number)
+        logs_dir(self.work_root, job_id, number).mkdir(parents=True, exist_ok=True)
+        where = (self.work_root, job_id, number, placement.group, placement.index)
         memory = placement.resources.get(MEMORY, 0) // 1000
         cpu = placement.resources.get(CPU, 0)
         env = {
@@ -308,6 +309,8 @@ class ControlLoop:
             command=list(spec.command),
             env=env,
             workdir=workdir,
+            stdout_path=log_path(*where, "out"),
+            stderr_path=log_path(*where, "err"),
             devices=placement.devices,
             cpu_millis=cpu or None,
             memory_bytes=memory or None,
@@ -570,29 +573,10 @@ class ControlLoop:
         return db.scalars(query).all()
 
     def _pending(self, job: Job) -> PendingJob:
-        return pending_from_spec(
-            job.id,
-            JobSpec.model_validate(job.spec),
-            self.cluster,
-            submit_time=job.submit_time,
-            not_before=job.not_before,
-        )
+        return pending_of(job, self.cluster)
 
     def _running(self, job: Job, attempt: Attempt) -> RunningJob:
-        pending = self._pending(job)
-        start = attempt.start_time if attempt.start_time is not None else job.updated_at
-        return RunningJob(
-            id=job.id,
-            queue=pending.queue,
-            priority_class=pending.priority_class,
-            pool=attempt.pool or "",
-            start_time=start,
-            placements=placements_from_json(attempt.allocation),
-            expected_end=(
-                None if pending.expected_runtime is None else start + pending.expected_runtime
-            ),
-            max_end=None if pending.max_runtime is None else start + pending.max_runtime,
-        )
+        return running_of(job, attempt, self.cluster)
 
 
 _LOST = ReplicaPhase.LOST

@@ -1,0 +1,182 @@
+"""``why``: a job's reason to wait, its position, its estimated start and the holders.
+
+Computed from a snapshot of the store at the time of the request: one scheduling cycle
+gives the reason and the queue position, the forward simulation of
+:func:`~allotment.scheduler.eta.estimate_starts` the estimated start. The live loop may
+know a little more (nominations it keeps in memory); when the fresh cycle would admit
+the job at once, the reason the loop last stored is shown.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy.orm import Session as DbSession
+
+from allotment.api import schemas
+from allotment.control.allocations import placements_from_json
+from allotment.control.layout import replica_name
+from allotment.control.views import snapshot_from_store
+from allotment.domain.cluster import Cluster
+from allotment.domain.lifecycle import JobState
+from allotment.domain.resources import GPU, MILLI
+from allotment.scheduler.cycle import schedule_once
+from allotment.scheduler.decisions import Decisions
+from allotment.scheduler.eta import estimate_starts
+from allotment.scheduler.ordering import UNKNOWN_VALUE
+from allotment.scheduler.snapshot import PendingJob, SchedulerPolicy, Snapshot
+from allotment.store.jobs import get_job
+from allotment.store.models import Attempt, Job
+
+MAX_HOLDERS = 50
+HOLDING = frozenset({JobState.ADMITTED, JobState.STARTING, JobState.RUNNING})
+
+
+def iso_utc(at: float | None) -> str | None:
+    """Seconds since the epoch as ``2026-12-01T10:20:00Z``; None stays None."""
+    if at is None:
+        return None
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def natural(milli: int) -> float | int:
+    """Milli-units in natural units (GPUs, cores, bytes): an int when whole."""
+    return milli // MILLI if milli % MILLI == 0 else milli / MILLI
+
+
+gpus = natural
+
+
+def why(
+    db: DbSession,
+    cluster: Cluster,
+    job_id: str,
+    *,
+    now: float,
+    policy: SchedulerPolicy | None = None,
+) -> schemas.WhyOut:
+    """Explain ``job_id``; raises ``NotFound``."""
+    job = get_job(db, job_id)
+    state = JobState(job.state)
+    if state is not JobState.PENDING:
+        return schemas.WhyOut(
+            job=job.id,
+            state=state.value,
+            reason=None,
+            position=None,
+            estimated_start=None,
+            holders=[],
+            placement=_placement(db, job) if state in HOLDING else None,
+        )
+    snapshot = snapshot_from_store(db, cluster, now=now, policy=policy)
+    decisions = schedule_once(snapshot)
+    target = next((p for p in snapshot.pending if p.id == job.id), None)
+    if target is None:  # it still holds its last attempt's allocation
+        return schemas.WhyOut(
+            job=job.id,
+            state=state.value,
+            reason=_reason(job, decisions),
+            position=None,
+            estimated_start=None,
+            holders=[],
+        )
+    estimate = estimate_starts(snapshot).get(job.id)
+    pools = _acceptable_pools(cluster, target)
+    return schemas.WhyOut(
+        job=job.id,
+        state=state.value,
+        reason=_reason(job, decisions),
+        position=schemas.Position(
+            queue=decisions.position(job.id, target.queue),
+            pool=_pool_position(snapshot, target, pools[0]) if pools else None,
+        ),
+        estimated_start=iso_utc(estimate),
+        holders=_holders(snapshot, set(pools)),
+    )
+
+
+def _reason(job: Job, decisions: Decisions) -> schemas.WhyReason | None:
+    if job.id in decisions.waiting:
+        reason = decisions.waiting[job.id]
+        return schemas.WhyReason(
+            code=reason.code.value, message=reason.message, detail=dict(reason.detail)
+        )
+    for preempt in decisions.preemptions:
+        if preempt.job == job.id:
+            return schemas.WhyReason(
+                code=preempt.reason.code.value,
+                message=preempt.reason.message,
+                detail=dict(preempt.reason.detail),
+            )
+    if job.reason_code is not None:
+        return schemas.WhyReason(
+            code=job.reason_code,
+            message=job.reason_message or "",
+            detail=dict(job.reason_detail or {}),
+        )
+    return None
+
+
+def _acceptable_pools(cluster: Cluster, job: PendingJob) -> list[str]:
+    """The pools the job may run in, in its order of preference."""
+    queue = cluster.queues.get(job.queue)
+    if queue is None:
+        return [p for p in job.pools if p in cluster.pools]
+    allowed = cluster.allowed_pools(queue)
+    if job.pools:
+        return [p for p in job.pools if p in allowed]
+    return allowed
+
+
+def _pool_position(snapshot: Snapshot, job: PendingJob, pool: str) -> int:
+    values = {name: c.value for name, c in snapshot.cluster.priority_classes.items()}
+
+    def key(p: PendingJob) -> tuple[int, float, str]:
+        return (-values.get(p.priority_class, UNKNOWN_VALUE), p.submit_time, p.id)
+
+    mine = key(job)
+    ahead = sum(
+        1
+        for other in snapshot.pending
+        if other.id != job.id
+        and pool in _acceptable_pools(snapshot.cluster, other)
+        and key(other) < mine
+    )
+    return ahead + 1
+
+
+def _holders(snapshot: Snapshot, pools: set[str]) -> list[schemas.Holder]:
+    held = [r for r in snapshot.running if r.pool in pools and r.total().get(GPU, 0) > 0]
+    held.sort(key=lambda r: (r.end_bound is None, r.end_bound or 0.0, r.id))
+    return [
+        schemas.Holder(
+            job=r.id,
+            queue=r.queue,
+            gpu=gpus(r.total().get(GPU, 0)),
+            expected_end=iso_utc(r.end_bound),
+            pool=r.pool,
+            terminating=r.terminating,
+        )
+        for r in held[:MAX_HOLDERS]
+    ]
+
+
+def _placement(db: DbSession, job: Job) -> schemas.Placement | None:
+    attempt = db.get(Attempt, (job.id, job.attempt))
+    if attempt is None:
+        return None
+    placements = placements_from_json(attempt.allocation)
+    return schemas.Placement(
+        attempt=attempt.number,
+        pool=attempt.pool or "",
+        nodes=sorted({p.node for p in placements}),
+        replicas=[
+            schemas.ReplicaWhere(
+                replica=replica_name(p.group, p.index),
+                node=p.node,
+                gpu=gpus(p.resources.get(GPU, 0)),
+                devices=list(p.devices),
+            )
+            for p in placements
+        ],
+    )

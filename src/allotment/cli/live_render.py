@@ -1,0 +1,272 @@
+"""Rich renderings of what the server answers (plain dicts from :mod:`allotment.client`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+STATE_STYLE = {
+    "pending": "yellow",
+    "admitted": "cyan",
+    "starting": "cyan",
+    "running": "green",
+    "succeeded": "bold green",
+    "failed": "red",
+    "preempted": "magenta",
+    "cancelled": "dim",
+    "reclaimed": "magenta",
+}
+
+
+def when(at: float | None) -> str:
+    """Seconds since the epoch as UTC ``2026-12-01 10:20:00``."""
+    if at is None:
+        return "-"
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def ago(at: float | None, now: float | None = None) -> str:
+    """``5m`` ago-style age of a time."""
+    if at is None:
+        return "-"
+    seconds = max(0.0, (time.time() if now is None else now) - at)
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "m")):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def state_text(state: str) -> Text:
+    return Text(state, style=STATE_STYLE.get(state, ""))
+
+
+def _gpus(replicas: Sequence[Mapping[str, Any]]) -> str:
+    total = 0.0
+    for group in replicas:
+        gpu = group.get("resources", {}).get("gpu", 0)
+        try:
+            total += float(gpu) * int(group.get("count", 1))
+        except (TypeError, ValueError):
+            return "?"
+    return f"{total:g}"
+
+
+def jobs_table(jobs: Iterable[Mapping[str, Any]], *, title: str | None = None) -> Table:
+    jobs = list(jobs)
+    table = Table(title=title)
+    # ids are copied into other commands: never shorten them
+    table.add_column("id", no_wrap=True, min_width=max((len(j["id"]) for j in jobs), default=2))
+    for column in ("name", "queue", "state", "class", "gpus", "age", "reason"):
+        table.add_column(column, justify="right" if column in ("gpus", "age") else "left")
+    for job in jobs:
+        reason = job.get("reason") or {}
+        table.add_row(
+            job["id"],
+            job["name"],
+            job["queue"],
+            state_text(job["state"]),
+            job["priority_class"],
+            _gpus(job.get("spec", {}).get("replicas", [])),
+            ago(job.get("submit_time")),
+            reason.get("code", "") if job["state"] == "pending" else "",
+        )
+    return table
+
+
+def job_view(job: Mapping[str, Any]) -> Table:
+    table = Table(show_header=False, box=None, title=f"job {job['id']}")
+    table.add_column(style="bold")
+    table.add_column()
+    spec = job.get("spec", {})
+    rows: list[tuple[str, str | Text]] = [
+        ("name", job["name"]),
+        ("queue", job["queue"]),
+        ("tenant", job["tenant"]),
+        ("user", job["user"]),
+        ("type", job["type"]),
+        ("priority class", job["priority_class"]),
+        ("state", state_text(job["state"])),
+        ("attempt", str(job["attempt"])),
+        ("submitted", when(job["submit_time"])),
+        ("gpus", _gpus(spec.get("replicas", []))),
+        ("command", " ".join(str(c) for c in spec.get("command", [])) or "-"),
+    ]
+    if job.get("failure_class"):
+        rows.append(("failure", job["failure_class"]))
+    reason = job.get("reason")
+    if reason and job["state"] == "pending":
+        rows.append(("reason", f"{reason['code']}: {reason['message']}"))
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+def events_table(job_id: str, events: Iterable[Mapping[str, Any]]) -> Table:
+    table = Table(title=f"events of {job_id}")
+    for column in ("at", "kind", "move", "message"):
+        table.add_column(column)
+    for event in events:
+        move = ""
+        if event.get("to_state"):
+            move = f"{event.get('from_state') or '-'} -> {event['to_state']}"
+        table.add_row(when(event["at"]), event["kind"], move, event.get("message", ""))
+    return table
+
+
+def why_view(data: Mapping[str, Any]) -> RenderableType:
+    lines: list[RenderableType] = []
+    head = Text.assemble(("job ", "bold"), (data["job"], "bold"), " is ")
+    head.append_text(state_text(data["state"]))
+    lines.append(head)
+    reason = data.get("reason")
+    if reason:
+        lines.append(Text.assemble(("why: ", "bold"), f"{reason['code']}: {reason['message']}"))
+    position = data.get("position")
+    if position:
+        parts = []
+        if position.get("queue") is not None:
+            parts.append(f"#{position['queue']} in its queue")
+        if position.get("pool") is not None:
+            parts.append(f"#{position['pool']} for its pool")
+        if parts:
+            lines.append(Text.assemble(("position: ", "bold"), ", ".join(parts)))
+    if data["state"] == "pending":
+        start = data.get("estimated_start") or "unknown (a job it waits for has no runtime)"
+        lines.append(Text.assemble(("estimated start: ", "bold"), start))
+    placement = data.get("placement")
+    if placement:
+        replicas = ", ".join(
+            f"{r['replica']}@{r['node']}" + (f" gpu {r['devices']}" if r["devices"] else "")
+            for r in placement["replicas"]
+        )
+        lines.append(
+            Text.assemble(
+                ("runs: ", "bold"), f"attempt {placement['attempt']} in pool {placement['pool']}: "
+            )
+            + Text(replicas)
+        )
+    holders = data.get("holders") or []
+    if holders:
+        table = Table(title="holding the GPUs it wants")
+        for column in ("job", "queue", "pool", "gpus", "expected end"):
+            table.add_column(column)
+        for holder in holders:
+            end = holder.get("expected_end") or "unknown"
+            if holder.get("terminating"):
+                end += " (stopping)"
+            table.add_row(
+                holder["job"], holder["queue"], holder.get("pool", ""), str(holder["gpu"]), end
+            )
+        lines.append(table)
+    return Group(*lines)
+
+
+def _usage_text(queue: Mapping[str, Any]) -> str:
+    parts = []
+    for pool, use in sorted(queue.get("usage", {}).items()):
+        text = f"{pool}: {use['used']}/{use['nominal']} gpu"
+        if use.get("borrowed"):
+            text += f" (+{use['borrowed']} borrowed)"
+        parts.append(text)
+    counts = f"{queue.get('running', 0)} running, {queue.get('pending', 0)} pending"
+    return "  ".join([*parts, counts])
+
+
+def queues_tree(queues: Sequence[Mapping[str, Any]]) -> Tree:
+    tree = Tree("[bold]queues[/bold] (used/nominal GPUs per pool)")
+
+    def add(parent: Tree, queue: Mapping[str, Any]) -> None:
+        tenant = f" [dim]({queue['tenant']})[/dim]" if queue.get("tenant") else ""
+        node = parent.add(f"[bold]{queue['name']}[/bold]{tenant}  {_usage_text(queue)}")
+        for child in queue.get("children", []):
+            add(node, child)
+
+    for root in queues:
+        add(tree, root)
+    return tree
+
+
+def pools_table(pools: Iterable[Mapping[str, Any]]) -> Table:
+    table = Table(title="pools")
+    for column in ("pool", "labels", "$/gpu-h", "nodes", "gpus", "allocated", "free"):
+        table.add_column(column, justify="left" if column in ("pool", "labels") else "right")
+    for pool in pools:
+        labels = ", ".join(f"{k}={v}" for k, v in sorted(pool["labels"].items()))
+        gpu = pool["gpu"]
+        table.add_row(
+            pool["name"],
+            labels,
+            f"{pool['price_per_gpu_hour']:g}",
+            str(len(pool["nodes"])),
+            str(gpu["capacity"]),
+            str(gpu["allocated"]),
+            str(gpu["free"]),
+        )
+    return table
+
+
+def _bytes(amount: float) -> str:
+    for unit, size in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20)):
+        if amount >= size:
+            return f"{amount / size:g}{unit}"
+    return f"{amount:g}"
+
+
+def _pair(node: Mapping[str, Any], key: str, *, memory: bool = False) -> str:
+    free = node["free"].get(key, 0)
+    capacity = node["capacity"].get(key, 0)
+    if memory:
+        return f"{_bytes(free)}/{_bytes(capacity)}"
+    return f"{free:g}/{capacity:g}"
+
+
+def nodes_table(nodes: Iterable[Mapping[str, Any]]) -> Table:
+    table = Table(title="nodes (free/capacity)")
+    for column in ("node", "pool", "healthy", "gpu", "cpu", "memory", "jobs"):
+        table.add_column(column)
+    for node in nodes:
+        jobs = ", ".join(sorted({j["job"] for j in node["jobs"]}))
+        table.add_row(
+            node["name"],
+            node["pool"],
+            "yes" if node["healthy"] else Text("no", style="red"),
+            _pair(node, "gpu"),
+            _pair(node, "cpu"),
+            _pair(node, "memory", memory=True),
+            jobs or "-",
+        )
+    return table
+
+
+def diff_view(result: Mapping[str, Any]) -> RenderableType:
+    lines: list[RenderableType] = []
+    if result["dry_run"]:
+        lines.append(Text("dry run: nothing was changed", style="bold"))
+    elif result["applied"]:
+        lines.append(Text(f"applied as version {result['version']}", style="bold green"))
+    else:
+        lines.append(Text(f"unchanged: version {result['version']} is this text", style="bold"))
+    any_change = False
+    for section, change in result["diff"].items():
+        for sign, key, style in (("+", "added", "green"), ("-", "removed", "red")):
+            for name in change[key]:
+                lines.append(Text(f"  {sign} {section}: {name}", style=style))
+                any_change = True
+        for name in change["changed"]:
+            lines.append(Text(f"  ~ {section}: {name}", style="yellow"))
+            any_change = True
+    if not any_change:
+        lines.append(Text("  no differences from the cluster in use"))
+    return Group(*lines)
+
+
+def top_view(queues: Sequence[Mapping[str, Any]], jobs: Sequence[Mapping[str, Any]]) -> Group:
+    title = f"running and starting jobs at {when(time.time())} UTC"
+    return Group(queues_tree(queues), jobs_table(jobs, title=title))

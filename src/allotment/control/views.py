@@ -1,0 +1,93 @@
+"""Store rows as the scheduler sees them: pending jobs, running jobs, a whole snapshot.
+
+Used by the control loop (to rebuild its session) and by the API (to explain a job
+without touching the loop). Functions read through the given session and never write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import and_, select
+from sqlalchemy.orm import Session as DbSession
+
+from allotment.control.allocations import placements_from_json
+from allotment.domain.cluster import Cluster
+from allotment.domain.job import JobSpec
+from allotment.domain.lifecycle import ACTIVE, JobState
+from allotment.scheduler.snapshot import (
+    PendingJob,
+    RunningJob,
+    SchedulerPolicy,
+    Snapshot,
+    pending_from_spec,
+)
+from allotment.store.models import Attempt, Job
+
+
+def pending_of(job: Job, cluster: Cluster) -> PendingJob:
+    """The scheduler's view of a stored job that waits for admission."""
+    return pending_from_spec(
+        job.id,
+        JobSpec.model_validate(job.spec),
+        cluster,
+        submit_time=job.submit_time,
+        not_before=job.not_before,
+    )
+
+
+def running_of(job: Job, attempt: Attempt, cluster: Cluster) -> RunningJob:
+    """The scheduler's view of a stored job holding the allocation of ``attempt``."""
+    pending = pending_of(job, cluster)
+    start = attempt.start_time if attempt.start_time is not None else job.updated_at
+    return RunningJob(
+        id=job.id,
+        queue=pending.queue,
+        priority_class=pending.priority_class,
+        pool=attempt.pool or "",
+        start_time=start,
+        placements=placements_from_json(attempt.allocation),
+        expected_end=(
+            None if pending.expected_runtime is None else start + pending.expected_runtime
+        ),
+        max_end=None if pending.max_runtime is None else start + pending.max_runtime,
+    )
+
+
+def open_attempts(db: DbSession) -> list[tuple[Job, Attempt]]:
+    """Jobs whose latest attempt has not ended, in submission order."""
+    query = (
+        select(Job, Attempt)
+        .join(Attempt, and_(Attempt.job_id == Job.id, Attempt.number == Job.attempt))
+        .where(Attempt.end_time.is_(None))
+        .order_by(Job.submit_time, Job.id)
+    )
+    return [(job, attempt) for job, attempt in db.execute(query).tuples()]
+
+
+def pending_rows(db: DbSession) -> Sequence[Job]:
+    """Jobs in state ``pending``, in submission order."""
+    query = select(Job).where(Job.state == JobState.PENDING.value).order_by(Job.submit_time, Job.id)
+    return db.scalars(query).all()
+
+
+def snapshot_from_store(
+    db: DbSession, cluster: Cluster, *, now: float, policy: SchedulerPolicy | None = None
+) -> Snapshot:
+    """What the store holds, as one scheduler snapshot at ``now``: every open attempt
+    holds its allocation (``terminating`` when its job is no longer active), every
+    pending job waits. Nominations the live loop keeps in memory are not known here."""
+    running: list[RunningJob] = []
+    for job, attempt in open_attempts(db):
+        held = running_of(job, attempt, cluster)
+        held.terminating = JobState(job.state) not in ACTIVE
+        running.append(held)
+    holding = {r.id for r in running}
+    pending = [pending_of(job, cluster) for job in pending_rows(db) if job.id not in holding]
+    return Snapshot(
+        now=now,
+        cluster=cluster,
+        pending=pending,
+        running=running,
+        policy=policy if policy is not None else SchedulerPolicy(),
+    )
