@@ -9,6 +9,7 @@ to start one.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,8 +51,14 @@ TokenOption = Annotated[
 JobArgument = Annotated[str, typer.Argument(help="The job id.")]
 
 
+PIPED_WIDTH = 200
+"""Columns when the output is not a terminal: whole lines for grep and files."""
+
+
 def _console() -> Console:
-    return Console(highlight=False)
+    if sys.stdout.isatty():
+        return Console(highlight=False)
+    return Console(highlight=False, width=PIPED_WIDTH)
 
 
 def _print_json(data: Any) -> None:

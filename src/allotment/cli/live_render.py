@@ -58,16 +58,34 @@ def _gpus(replicas: Sequence[Mapping[str, Any]]) -> str:
     return f"{total:g}"
 
 
-def jobs_table(jobs: Iterable[Mapping[str, Any]], *, title: str | None = None) -> Table:
-    jobs = list(jobs)
+def fitted_table(
+    headers: Sequence[str],
+    rows: Iterable[Sequence[str | Text]],
+    *,
+    title: str | None = None,
+    right: Iterable[str] = (),
+) -> Table:
+    """A table whose first column (ids, copied into other commands) is never shortened;
+    the others give way when the terminal is narrow (the CLI prints wide when piped)."""
     table = Table(title=title)
-    # ids are copied into other commands: never shorten them
-    table.add_column("id", no_wrap=True, min_width=max((len(j["id"]) for j in jobs), default=2))
-    for column in ("name", "queue", "state", "class", "gpus", "age", "reason"):
-        table.add_column(column, justify="right" if column in ("gpus", "age") else "left")
-    for job in jobs:
-        reason = job.get("reason") or {}
-        table.add_row(
+    rows = list(rows)
+    aligned = set(right)
+    for i, header in enumerate(headers):
+        first = max((len(str(row[0])) for row in rows), default=0)
+        table.add_column(
+            header,
+            justify="right" if header in aligned else "left",
+            no_wrap=i == 0,
+            min_width=max(first, len(header)) if i == 0 else None,
+        )
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def jobs_table(jobs: Iterable[Mapping[str, Any]], *, title: str | None = None) -> Table:
+    rows = [
+        [
             job["id"],
             job["name"],
             job["queue"],
@@ -75,9 +93,12 @@ def jobs_table(jobs: Iterable[Mapping[str, Any]], *, title: str | None = None) -
             job["priority_class"],
             _gpus(job.get("spec", {}).get("replicas", [])),
             ago(job.get("submit_time")),
-            reason.get("code", "") if job["state"] == "pending" else "",
-        )
-    return table
+            (job.get("reason") or {}).get("code", "") if job["state"] == "pending" else "",
+        ]
+        for job in jobs
+    ]
+    headers = ("id", "name", "queue", "state", "class", "gpus", "age", "reason")
+    return fitted_table(headers, rows, title=title, right=("gpus", "age"))
 
 
 def job_view(job: Mapping[str, Any]) -> Table:
@@ -109,15 +130,13 @@ def job_view(job: Mapping[str, Any]) -> Table:
 
 
 def events_table(job_id: str, events: Iterable[Mapping[str, Any]]) -> Table:
-    table = Table(title=f"events of {job_id}")
-    for column in ("at", "kind", "move", "message"):
-        table.add_column(column)
+    rows = []
     for event in events:
         move = ""
         if event.get("to_state"):
             move = f"{event.get('from_state') or '-'} -> {event['to_state']}"
-        table.add_row(when(event["at"]), event["kind"], move, event.get("message", ""))
-    return table
+        rows.append([when(event["at"]), event["kind"], move, event.get("message", "")])
+    return fitted_table(("at", "kind", "move", "message"), rows, title=f"events of {job_id}")
 
 
 def why_view(data: Mapping[str, Any]) -> RenderableType:
@@ -230,7 +249,7 @@ def _pair(node: Mapping[str, Any], key: str, *, memory: bool = False) -> str:
 def nodes_table(nodes: Iterable[Mapping[str, Any]]) -> Table:
     table = Table(title="nodes (free/capacity)")
     for column in ("node", "pool", "healthy", "gpu", "cpu", "memory", "jobs"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for node in nodes:
         jobs = ", ".join(sorted({j["job"] for j in node["jobs"]}))
         table.add_row(
