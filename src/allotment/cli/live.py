@@ -11,16 +11,17 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
+from rich.console import Console, RenderableType
 
 from allotment.cli import live_render as render
+from allotment.cli.common import Output, OutputOption, print_error, print_json
 from allotment.client import AllotmentClient, ClientError
 from allotment.clientconfig import ENV_URL, load_client_config
 from allotment.domain.errors import InvalidInput
@@ -28,19 +29,11 @@ from allotment.domain.errors import InvalidInput
 ACTIVE_STATES = ("admitted", "starting", "running")
 
 
-class Output(StrEnum):
-    TABLE = "table"
-    JSON = "json"
-
-
 class Stream(StrEnum):
     OUT = "out"
     ERR = "err"
 
 
-OutputOption = Annotated[
-    Output, typer.Option("--output", "-o", help="table for people, json for programs.")
-]
 UrlOption = Annotated[
     str | None,
     typer.Option("--url", help=f"Server URL; default ${ENV_URL}, else the config of `allot up`."),
@@ -61,13 +54,8 @@ def _console() -> Console:
     return Console(highlight=False, width=PIPED_WIDTH)
 
 
-def _print_json(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2))
-
-
 def _fail(message: str, fields: dict[str, Any] | None = None) -> None:
-    typer.secho("error: ", fg=typer.colors.RED, bold=True, err=True, nl=False)
-    typer.echo(message, err=True)
+    print_error(message)
     for key, value in (fields or {}).items():
         if value in (None, [], {}, "") or key in ("issues", "source"):
             continue  # issues are in the message already
@@ -94,6 +82,22 @@ def connect(url: str | None, token: str | None) -> Iterator[AllotmentClient]:
         raise typer.Exit(1) from None
     finally:
         client.close()
+
+
+def _show(
+    url: str | None,
+    token: str | None,
+    output: Output,
+    fetch: Callable[[AllotmentClient], Any],
+    view: Callable[[Any], RenderableType],
+) -> None:
+    """Fetch with a client, then print the JSON or the human view."""
+    with connect(url, token) as client:
+        data = fetch(client)
+    if output is Output.JSON:
+        print_json(data)
+    else:
+        _console().print(view(data))
 
 
 def _read(path: str) -> str:
@@ -123,7 +127,7 @@ def apply(
     with connect(url, token) as client:
         result = client.apply_cluster(text, dry_run=dry_run)
     if output is Output.JSON:
-        _print_json(result)
+        print_json(result)
     else:
         _console().print(render.diff_view(result))
 
@@ -139,7 +143,7 @@ def submit(
     with connect(url, token) as client:
         job = client.submit(text)
     if output is Output.JSON:
-        _print_json(job)
+        print_json(job)
     else:
         typer.echo(job["id"])
 
@@ -186,7 +190,7 @@ def run(
     with connect(url, token) as client:
         job = client.submit(json.dumps(spec))
     if output is Output.JSON:
-        _print_json(job)
+        print_json(job)
     else:
         typer.echo(job["id"])
 
@@ -205,7 +209,7 @@ def ls(
     with connect(url, token) as client:
         page = client.list_jobs(queue=queue, states=state, limit=limit)
     if output is Output.JSON:
-        _print_json(page)
+        print_json(page)
     else:
         _console().print(render.jobs_table(page["jobs"]))
         if page.get("next_after"):
@@ -219,12 +223,7 @@ def get(
     token: TokenOption = None,
 ) -> None:
     """Show one job."""
-    with connect(url, token) as client:
-        data = client.get_job(job)
-    if output is Output.JSON:
-        _print_json(data)
-    else:
-        _console().print(render.job_view(data))
+    _show(url, token, output, lambda c: c.get_job(job), render.job_view)
 
 
 def events(
@@ -234,12 +233,7 @@ def events(
     token: TokenOption = None,
 ) -> None:
     """A job's lifecycle, oldest first."""
-    with connect(url, token) as client:
-        data = client.events(job)
-    if output is Output.JSON:
-        _print_json(data)
-    else:
-        _console().print(render.events_table(job, data))
+    _show(url, token, output, lambda c: c.events(job), lambda data: render.events_table(job, data))
 
 
 def why(
@@ -249,12 +243,7 @@ def why(
     token: TokenOption = None,
 ) -> None:
     """Why a job waits: reason, position, estimated start, what holds the resources."""
-    with connect(url, token) as client:
-        data = client.why(job)
-    if output is Output.JSON:
-        _print_json(data)
-    else:
-        _console().print(render.why_view(data))
+    _show(url, token, output, lambda c: c.why(job), render.why_view)
 
 
 def logs(
@@ -302,7 +291,7 @@ def logs(
     if output is Output.JSON:
         data = "".join(c["data"] for c in chunks)
         last = chunks[-1] if chunks else {}
-        _print_json({**last, "offset": 0, "data": data})
+        print_json({**last, "offset": 0, "data": data})
 
 
 def cancel(
@@ -315,7 +304,7 @@ def cancel(
     with connect(url, token) as client:
         data = client.cancel(job)
     if output is Output.JSON:
-        _print_json(data)
+        print_json(data)
     else:
         typer.echo(f"{data.get('id', job)}: {data.get('state', 'cancel requested')}")
 
@@ -324,36 +313,21 @@ def queues(
     output: OutputOption = Output.TABLE, url: UrlOption = None, token: TokenOption = None
 ) -> None:
     """The quota tree with usage and borrowing."""
-    with connect(url, token) as client:
-        data = client.queues()
-    if output is Output.JSON:
-        _print_json(data)
-    else:
-        _console().print(render.queues_tree(data))
+    _show(url, token, output, lambda c: c.queues(), render.queues_tree)
 
 
 def pools(
     output: OutputOption = Output.TABLE, url: UrlOption = None, token: TokenOption = None
 ) -> None:
     """Pools with their GPUs: capacity, allocated, free."""
-    with connect(url, token) as client:
-        data = client.pools()
-    if output is Output.JSON:
-        _print_json(data)
-    else:
-        _console().print(render.pools_table(data))
+    _show(url, token, output, lambda c: c.pools(), render.pools_table)
 
 
 def nodes(
     output: OutputOption = Output.TABLE, url: UrlOption = None, token: TokenOption = None
 ) -> None:
     """Nodes with capacity, what is free and the jobs on them."""
-    with connect(url, token) as client:
-        data = client.nodes()
-    if output is Output.JSON:
-        _print_json(data)
-    else:
-        _console().print(render.nodes_table(data))
+    _show(url, token, output, lambda c: c.nodes(), render.nodes_table)
 
 
 def top(
@@ -377,7 +351,7 @@ def top(
         if output is Output.JSON or once:
             tree, jobs = frame()
             if output is Output.JSON:
-                _print_json({"queues": tree, "jobs": jobs})
+                print_json({"queues": tree, "jobs": jobs})
             else:
                 _console().print(render.top_view(tree, jobs))
             return

@@ -7,8 +7,6 @@ is Rich tables, ``-o json`` prints JSON on stdout.
 
 from __future__ import annotations
 
-import json
-from enum import StrEnum
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,7 +16,7 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 from allotment.cli import live, up
-from allotment.cli.errors import print_error
+from allotment.cli.common import Output, OutputOption, print_error, print_json
 from allotment.domain.errors import AllotmentError, ConfigError, InvalidInput
 from allotment.domain.loading import check_job, load_cluster, load_job
 
@@ -30,7 +28,7 @@ class _Commands(TyperGroup):
         try:
             return super().invoke(ctx)
         except AllotmentError as exc:
-            _error(exc.message)
+            print_error(exc.message)
             raise typer.Exit(1) from None
 
 
@@ -42,23 +40,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_show_locals=False,
 )
-
-
-class Output(StrEnum):
-    TABLE = "table"
-    JSON = "json"
-
-
-OutputOption = Annotated[
-    Output, typer.Option("--output", "-o", help="table for people, json for programs.")
-]
-
-
-_error = print_error
-
-
-def _print_json(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2))
 
 
 def _console() -> Console:
@@ -102,7 +83,7 @@ def check(
         "jobs": checked,
     }
     if output is Output.JSON:
-        _print_json({**data, "errors": failures})
+        print_json({**data, "errors": failures})
     else:
         console = _console()
         if cluster is not None and cluster_file is not None:
@@ -115,7 +96,7 @@ def check(
             )
     if failures:
         for message in failures:
-            _error(message)
+            print_error(message)
         raise typer.Exit(1)
 
 
@@ -274,7 +255,7 @@ def sim(
     if plot is not None:
         written.extend(str(path) for path in write_plots(results, cluster, Path(plot)))
     if output is Output.JSON:
-        _print_json(summaries)
+        print_json(summaries)
     else:
         console = _console()
         title = f"{trace}: {len(jobs)} jobs on {where}"
@@ -317,7 +298,7 @@ def plan(
         specs.append((f"{i + 1}-{spec.name}", spec))
     rows = make_plan(cluster, specs, now=time.time(), policy=parse_policy(policy))
     if output is Output.JSON:
-        _print_json(rows)
+        print_json(rows)
     else:
         _console().print(plan_table(rows))
 

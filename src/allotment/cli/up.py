@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from allotment.cli.errors import print_error
+from allotment.cli.common import print_error
 
 
 def up(

@@ -1,0 +1,29 @@
+"""What every command shares: how errors and JSON are printed, the ``-o`` option."""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+
+
+class Output(StrEnum):
+    TABLE = "table"
+    JSON = "json"
+
+
+OutputOption = Annotated[
+    Output, typer.Option("--output", "-o", help="table for people, json for programs.")
+]
+
+
+def print_error(message: str) -> None:
+    """``error: <message>`` on stderr."""
+    typer.secho("error: ", fg=typer.colors.RED, bold=True, err=True, nl=False)
+    typer.echo(message, err=True)
+
+
+def print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2))
