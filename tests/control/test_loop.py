@@ -128,6 +128,26 @@ def test_a_job_too_big_for_its_queue_waits_with_a_reason(
     assert attempts(sessions, job_id) == []
 
 
+def test_a_changed_reason_is_written_though_the_last_one_is_remembered(
+    make_loop: MakeLoop, sessions: sessionmaker[Session], submit: Submit
+) -> None:
+    loop = make_loop()
+    job_id = submit("print(1)", gpu=4)
+    loop.cycle()
+    first = loop._reasons[job_id]
+    with sessions.begin() as db:  # someone else changed the stored reason
+        job = get_job(db, job_id)
+        job.reason_code, job.reason_message = "other", "changed behind the loop's back"
+    loop.cycle()  # the loop trusts what it wrote last: nothing read, nothing written
+    with sessions() as db:
+        assert get_job(db, job_id).reason_code == "other"
+    loop.invalidate()  # a rebuilt session forgets, and writes the reason again
+    loop.cycle()
+    with sessions() as db:
+        job = get_job(db, job_id)
+        assert (job.reason_code, job.reason_message) == first
+
+
 def test_a_new_loop_re_adopts_a_running_job_after_a_crash(
     make_loop: MakeLoop, sessions: sessionmaker[Session], submit: Submit
 ) -> None:

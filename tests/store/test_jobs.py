@@ -14,8 +14,10 @@ from allotment.store.jobs import (
     create_job,
     events_for,
     get_job,
+    jobs_by_id,
     list_jobs,
     record_reason,
+    record_reasons,
     transition_job,
 )
 from allotment.store.models import Event
@@ -205,6 +207,54 @@ def test_record_reason_writes_only_changes(sessions: sessionmaker[Session]) -> N
             (T0 + 3, "no_node_fits"),
             (T0 + 5, "quota_exhausted"),
         ]
+
+
+def test_record_reasons_writes_only_changes_and_skips_unknown_jobs(
+    sessions: sessionmaker[Session],
+) -> None:
+    for job_id in ("j-1", "j-2", "j-3"):
+        submit(sessions, job_id)
+    quota = Reason(ReasonCode.QUOTA_EXHAUSTED, "queue research has no gpu left", {"gpu": 0})
+    nofit = Reason(ReasonCode.NO_NODE_FITS, "no node has 8 free gpus")
+    with sessions.begin() as session:
+        record_reason(session, "j-1", quota, at=T0)
+    with sessions.begin() as session:
+        changed = record_reasons(
+            session, {"j-1": quota, "j-2": nofit, "j-3": quota, "j-x": quota}, at=T0 + 1
+        )
+    assert sorted(changed) == ["j-2", "j-3"]
+    with sessions.begin() as session:
+        assert record_reasons(session, {"j-2": nofit, "j-3": nofit}, at=T0 + 2) == ["j-3"]
+    with sessions() as session:
+        assert get_job(session, "j-1").reason_since == T0
+        j2 = get_job(session, "j-2")
+        assert (j2.reason_code, j2.reason_since) == ("no_node_fits", T0 + 1)
+        j3 = get_job(session, "j-3")
+        assert (j3.reason_code, j3.reason_message, j3.reason_since) == (
+            "no_node_fits",
+            nofit.message,
+            T0 + 2,
+        )
+        codes = [e.detail["code"] for e in events_for(session, "j-3") if e.kind == "reason"]
+        assert codes == ["quota_exhausted", "no_node_fits"]
+
+
+def test_record_reasons_over_many_chunks(sessions: sessionmaker[Session]) -> None:
+    ids = [f"j-{i:04d}" for i in range(1_203)]
+    with sessions.begin() as session:
+        for i, job_id in enumerate(ids):
+            create_job(session, spec(), tenant="acme", user="ada", at=T0 + i, job_id=job_id)
+    reason = Reason(ReasonCode.QUOTA_EXHAUSTED, "full")
+    with sessions.begin() as session:
+        assert len(record_reasons(session, dict.fromkeys(ids, reason), at=T0)) == len(ids)
+    with sessions() as session:
+        count = session.scalar(
+            select(func.count()).select_from(Event).where(Event.kind == "reason")
+        )
+        assert count == len(ids)
+        rows = jobs_by_id(session, [*reversed(ids), "j-unknown"])
+        assert [job.id for job in rows] == ids  # submission order, unknown ones skipped
+        assert jobs_by_id(session, []) == []
 
 
 def test_two_sessions_update_different_jobs(sessions: sessionmaker[Session]) -> None:

@@ -34,9 +34,9 @@ from sqlalchemy.orm import sessionmaker
 
 from allotment.control.allocations import allocation_json, placements_from_json, replica_keys
 from allotment.domain.cluster import Cluster
-from allotment.domain.errors import NotFound
 from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import ACTIVE, FailureClass, JobState
+from allotment.domain.reasons import Reason
 from allotment.domain.resources import CPU, MEMORY
 from allotment.executors.base import (
     Executor,
@@ -55,7 +55,7 @@ from allotment.scheduler.snapshot import (
     SchedulerPolicy,
     pending_from_spec,
 )
-from allotment.store.jobs import get_job, record_reason, transition_job
+from allotment.store.jobs import get_job, jobs_by_id, record_reasons, transition_job
 from allotment.store.models import Attempt, Job
 
 log = logging.getLogger(__name__)
@@ -104,6 +104,9 @@ class ControlLoop:
         self.stop_grace_s = stop_grace_s
         self._session: Session | None = None
         self._nominated: set[str] = set()
+        self._reasons: dict[str, tuple[str, str]] = {}
+        """Waiting reason (code, message) the store holds for each job that waited in the
+        last cycle, so that an unchanged one is not read again."""
 
     # ------------------------------------------------------------------ state
 
@@ -129,6 +132,7 @@ class ControlLoop:
                     session.submit(self._pending(job))
         self._session = session
         self._nominated.clear()
+        self._reasons.clear()
         return session
 
     def invalidate(self) -> None:
@@ -180,11 +184,7 @@ class ControlLoop:
                             "backfilled": admit.backfilled,
                         },
                     )
-                for job_id, reason in decisions.waiting.items():
-                    try:
-                        record_reason(db, job_id, reason, at=now)
-                    except NotFound:
-                        continue
+                self._record_waiting(db, decisions.waiting, now)
                 for preempt in decisions.preemptions:
                     for victim in preempt.victims:
                         row = db.get(Job, victim.job)
@@ -215,14 +215,34 @@ class ControlLoop:
         self._launch_admitted()
         return decisions
 
+    def _record_waiting(self, db: DbSession, waiting: Mapping[str, Reason], now: float) -> None:
+        """Keep each waiting job's reason in the store, reading only those whose reason
+        differs from the one the last cycle recorded (see :attr:`_reasons`)."""
+        known = self._reasons
+        fresh = {
+            job_id: reason
+            for job_id, reason in waiting.items()
+            if known.get(job_id) != (reason.code.value, reason.message)
+        }
+        record_reasons(db, fresh, at=now)
+        # Only this cycle's waiting jobs are remembered; should the transaction fail, the
+        # session is rebuilt and this is cleared.
+        self._reasons = {j: (r.code.value, r.message) for j, r in waiting.items()}
+
     def _sync_pending(self, session: Session) -> None:
         """Pending jobs the store has and the session lacks join it; those the store no
-        longer calls pending leave it."""
+        longer calls pending leave it. Reads the pending ids, and whole rows only of the
+        jobs the session lacks."""
         with self.store_sessions() as db:
-            rows = list(self._pending_rows(db))
-        in_store = {row.id for row in rows}
+            in_store = set(db.scalars(select(Job.id).where(Job.state == _S.PENDING.value)))
+            new = [
+                job_id
+                for job_id in in_store
+                if session.pending_job(job_id) is None and job_id not in session.running
+            ]
+            rows = jobs_by_id(db, new) if new else []
         for row in rows:
-            if session.pending_job(row.id) is None and row.id not in session.running:
+            if row.state == _S.PENDING.value:
                 session.submit(self._pending(row))
         for job in list(session.pending()):
             if job.id not in in_store:
@@ -230,7 +250,7 @@ class ControlLoop:
 
     def _launch_admitted(self) -> list[Move]:
         """Launch every replica of every admitted job (idempotent), then move it to
-        ``starting``."""
+        ``starting``: all launches first, then their moves in one transaction."""
         moves: list[Move] = []
         with self.store_sessions() as db:
             rows = [
@@ -238,6 +258,9 @@ class ControlLoop:
                 for job, attempt in self._open(db)
                 if job.state == _S.ADMITTED.value
             ]
+        if not rows:
+            return moves
+        launched: list[tuple[str, JobSpec, int, list[Any], int, str | None]] = []
         for job_id, spec, number, allocation in rows:
             placements = placements_from_json(allocation)
             failure: str | None = None
@@ -249,8 +272,10 @@ class ControlLoop:
                         self.executor.launch(self._request(job_id, spec, number, placement))
                 except OSError as exc:
                     failure = f"launch failed: {exc}"
-            now = self.clock()
-            with self.store_sessions.begin() as db:
+            launched.append((job_id, spec, number, allocation, len(placements), failure))
+        now = self.clock()
+        with self.store_sessions.begin() as db:
+            for job_id, spec, number, _allocation, replicas, failure in launched:
                 job = get_job(db, job_id)
                 if job.state != _S.ADMITTED.value or job.attempt != number:
                     continue
@@ -261,7 +286,7 @@ class ControlLoop:
                         _S.STARTING,
                         at=now,
                         message="launched",
-                        detail={"attempt": number, "replicas": len(placements)},
+                        detail={"attempt": number, "replicas": replicas},
                     )
                     moves.append(Move(job=job_id, source=_S.ADMITTED, target=_S.STARTING))
                 else:
@@ -273,6 +298,7 @@ class ControlLoop:
                         Move(job=job_id, source=_S.ADMITTED, target=_S.FAILED, failure=klass)
                     )
                 self._set_attempt_state(db, job)
+        for job_id, _spec, number, allocation, _replicas, failure in launched:
             if failure is not None:
                 self._stop_keys(replica_keys(job_id, number, allocation))
         return moves

@@ -9,7 +9,7 @@ each appends its :class:`~allotment.store.models.Event` in the same transaction.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import and_, or_, select
@@ -181,6 +181,55 @@ def record_reason(session: Session, job_id: str, reason: Reason, *, at: float) -
     )
     session.flush()
     return True
+
+
+IN_CHUNK = 500
+"""Ids per ``IN (...)`` query: well under SQLite's and PostgreSQL's parameter limits."""
+
+
+def record_reasons(session: Session, reasons: Mapping[str, Reason], *, at: float) -> list[str]:
+    """:func:`record_reason` for many jobs at once: one query per :data:`IN_CHUNK` ids and
+    one flush. Unknown ids are skipped. Returns the ids whose reason changed."""
+    changed: list[str] = []
+    ids = list(reasons)
+    for start in range(0, len(ids), IN_CHUNK):
+        chunk = ids[start : start + IN_CHUNK]
+        for job in session.scalars(select(Job).where(Job.id.in_(chunk))):
+            reason = reasons[job.id]
+            code = reason.code.value
+            if job.reason_code == code and job.reason_message == reason.message:
+                continue
+            job.reason_code = code
+            job.reason_message = reason.message
+            job.reason_detail = dict(reason.detail)
+            job.reason_since = at
+            job.updated_at = at
+            session.add(
+                Event(
+                    job_id=job.id,
+                    at=at,
+                    kind=REASON,
+                    from_state=None,
+                    to_state=None,
+                    message=reason.message,
+                    detail=reason.to_dict(),
+                )
+            )
+            changed.append(job.id)
+    session.flush()
+    return changed
+
+
+def jobs_by_id(session: Session, ids: Iterable[str]) -> list[Job]:
+    """The jobs among ``ids`` (unknown ones skipped), in submission order; one query per
+    :data:`IN_CHUNK` ids."""
+    wanted = list(ids)
+    rows: list[Job] = []
+    for start in range(0, len(wanted), IN_CHUNK):
+        chunk = wanted[start : start + IN_CHUNK]
+        rows.extend(session.scalars(select(Job).where(Job.id.in_(chunk))))
+    rows.sort(key=lambda job: (job.submit_time, job.id))
+    return rows
 
 
 def list_jobs(
