@@ -33,8 +33,8 @@ import cProfile
 import io
 import json
 import math
+import multiprocessing
 import pstats
-import queue as queue_mod
 import socket
 import statistics
 import sys
@@ -100,7 +100,11 @@ class Config:
     being the constraint (a large job needs 20 on one node)."""
     classes: tuple[JobClass, ...] = KUEUE_CLASSES
     clients: int = 16
-    """Client threads submitting on the arrival schedule."""
+    """Client threads in all, submitting on the arrival schedule."""
+    client_procs: int = 2
+    """Processes the clients are spread over (0: threads of the server's process)."""
+    batch: int = 1
+    """Most jobs per request (above 1: ``POST /jobs:batch`` with the jobs already due)."""
     tick_s: float = 0.02
     """The runner's longest sleep between turns (completions are seen on the next turn)."""
     db_url: str | None = None
@@ -254,6 +258,170 @@ def store(db_url: str | None) -> Iterator[tuple[sessionmaker[Session], Path]]:
             engine.dispose()
 
 
+# ----------------------------------------------------------------------------- clients
+
+Item = tuple[float, str]
+"""A submission: its offset from the start (seconds) and the job file's text."""
+
+
+@dataclass
+class Tally:
+    submitted: int = 0
+    errors: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _client(
+    url: str, items: list[Item], batch: int, ready: Any, go: Any, start: list[float], tally: Tally
+) -> None:
+    """One client: connects, waits for ``go``, then submits ``items`` (sorted by offset)
+    when due, up to ``batch`` of the already due ones per request."""
+    with AllotmentClient(url, timeout=300) as client:
+        client.health()  # connected before the clock starts
+        ready()
+        go()
+        t0 = start[0]
+        i = 0
+        while i < len(items):
+            delay = t0 + items[i][0] - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            now = time.time() - t0
+            j = i + 1
+            while j < len(items) and j - i < batch and items[j][0] <= now:
+                j += 1
+            texts = [text for _, text in items[i:j]]
+            try:
+                if batch > 1:
+                    client.submit_many(texts)
+                else:
+                    client.submit(texts[0])
+                with tally.lock:
+                    tally.submitted += len(texts)
+            except Exception as exc:  # counted and reported, not fatal
+                with tally.lock:
+                    tally.errors.append(f"{type(exc).__name__}: {exc}")
+            i = j
+
+
+def _client_threads(
+    url: str,
+    items: list[Item],
+    threads: int,
+    batch: int,
+    ready: Callable[[], None],
+    go: Callable[[], None],
+    start: list[float],
+) -> Tally:
+    """``threads`` clients on this process, each with every ``threads``-th item."""
+    tally = Tally()
+    workers = [
+        threading.Thread(
+            target=_client,
+            args=(url, items[k::threads], batch, ready, go, start, tally),
+            name=f"bench-client-{k}",
+            daemon=True,
+        )
+        for k in range(threads)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return tally
+
+
+def _client_process(
+    url: str, items: list[Item], threads: int, batch: int, ready: Any, go: Any, out: Any
+) -> None:
+    """A client process (spawned): ``threads`` clients; puts ``(submitted, errors)``."""
+    start = [0.0]
+
+    def wait_go() -> None:
+        go.wait()
+        start[0] = go.time.value
+
+    tally = _client_threads(url, items, threads, batch, ready.release, wait_go, start)
+    out.put((tally.submitted, tally.errors[:20], len(tally.errors)))
+
+
+class _Go:
+    """What spawned clients wait on: an event and the start time it carries."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.event = ctx.Event()
+        self.time = ctx.Value("d", 0.0)
+
+    def wait(self) -> None:
+        self.event.wait()
+
+    def set(self, at: float) -> None:
+        self.time.value = at
+        self.event.set()
+
+
+def submit_all(
+    url: str, items: list[Item], *, procs: int, threads: int, batch: int, lead_s: float = 0.2
+) -> tuple[int, list[str], float]:
+    """Submit ``items`` through the API with ``threads`` clients in all, spread over
+    ``procs`` spawned processes (0: threads of this process), ``batch`` jobs per request
+    at most. Every client connects first; the clock starts ``lead_s`` later. Returns the
+    jobs accepted, the errors and the seconds from the start to the last answer."""
+    items = sorted(items, key=lambda item: item[0])
+    if procs <= 0:
+        ready = threading.Semaphore(0)
+        gate = threading.Event()
+        start = [0.0]
+
+        def wait_go() -> None:
+            gate.wait()
+
+        runner = threading.Thread(
+            target=lambda: results.append(
+                _client_threads(url, items, threads, batch, ready.release, wait_go, start)
+            ),
+            daemon=True,
+        )
+        results: list[Tally] = []
+        runner.start()
+        for _ in range(threads):
+            ready.acquire()
+        start[0] = time.time() + lead_s
+        gate.set()
+        runner.join()
+        elapsed = time.time() - start[0]
+        return results[0].submitted, results[0].errors, elapsed
+    ctx = multiprocessing.get_context("spawn")
+    ready_sem = ctx.Semaphore(0)
+    go = _Go(ctx)
+    out = ctx.Queue()
+    per = max(1, threads // procs)
+    workers = [
+        ctx.Process(
+            target=_client_process,
+            args=(url, items[p::procs], per, batch, ready_sem, go, out),
+            daemon=True,
+        )
+        for p in range(procs)
+    ]
+    for w in workers:
+        w.start()
+    for _ in range(per * procs):
+        ready_sem.acquire()
+    at = time.time() + lead_s
+    go.set(at)
+    submitted = 0
+    errors: list[str] = []
+    for _ in workers:
+        count, errs, _n = out.get()
+        submitted += count
+        errors.extend(errs)
+    elapsed = time.time() - at
+    for w in workers:
+        w.join()
+    return submitted, errors, elapsed
+
+
 # ----------------------------------------------------------------------------- drain
 
 
@@ -291,32 +459,6 @@ class DrainResult:
         return self.drain_s / self.config.work_bound_s
 
 
-def _submitter(
-    url: str,
-    work: queue_mod.SimpleQueue[Arrival | None],
-    t0: float,
-    submitted: list[int],
-    errors: list[str],
-    lock: threading.Lock,
-) -> None:
-    with AllotmentClient(url, timeout=120) as client:
-        while True:
-            item = work.get()
-            if item is None:
-                return
-            delay = t0 + item.offset_s - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            try:
-                client.submit(item.text)
-            except Exception as exc:  # reported, not fatal
-                with lock:
-                    errors.append(f"{item.queue}/{item.klass}: {exc}")
-                continue
-            with lock:
-                submitted[0] += 1
-
-
 def _finished(sessions: sessionmaker[Session]) -> dict[str, int]:
     with sessions() as db:
         rows = db.execute(select(Job.state, func.count()).group_by(Job.state)).tuples()
@@ -349,41 +491,26 @@ def run_drain(config: Config, *, profile: cProfile.Profile | None = None) -> Dra
             else ProfiledRunner(loop, profile, tick_s=config.tick_s)
         )
         app = create_app(cluster=cluster, store_sessions=sessions, clock=time.time)
-        errors: list[str] = []
-        submitted = [0]
-        lock = threading.Lock()
         with serve(app) as url:
-            work: queue_mod.SimpleQueue[Arrival | None] = queue_mod.SimpleQueue()
-            for item in schedule:
-                work.put(item)
-            for _ in range(config.clients):
-                work.put(None)
             runner.start()
             try:
-                t0 = time.monotonic()
-                threads = [
-                    threading.Thread(
-                        target=_submitter,
-                        args=(url, work, t0, submitted, errors, lock),
-                        name=f"bench-client-{i}",
-                        daemon=True,
-                    )
-                    for i in range(config.clients)
-                ]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
+                submitted, errors, _ = submit_all(
+                    url,
+                    [(a.offset_s, a.text) for a in schedule],
+                    procs=config.client_procs,
+                    threads=config.clients,
+                    batch=config.batch,
+                )
                 deadline = time.monotonic() + config.timeout_s
                 while True:
                     states = _finished(sessions)
                     done = sum(n for s, n in states.items() if s in TERMINAL)
-                    if done >= submitted[0] or time.monotonic() > deadline:
+                    if done >= submitted or time.monotonic() > deadline:
                         break
                     time.sleep(0.1)
             finally:
                 runner.stop()
-        return _drain_result(config, sessions, states, submitted[0], runner, errors)
+        return _drain_result(config, sessions, states, submitted, runner, errors)
 
 
 def _drain_result(
@@ -446,41 +573,27 @@ def _drain_result(
 
 
 def run_burst(config: Config, *, clients: int, jobs: int) -> float:
-    """Submissions per second: ``clients`` threads submit ``jobs`` jobs in all, as fast as
-    they can, with no control loop running. Every submission must succeed."""
+    """Submissions per second: ``clients`` clients (spread over ``config.client_procs``
+    processes) submit ``jobs`` jobs in all, as fast as they can, ``config.batch`` per
+    request, with no control loop running. Every submission must be stored."""
     cluster = load_cluster_text(cluster_yaml(config), source="bench")
     texts = [job_text(q, k, i) for i, (q, k) in enumerate(_cycle(config, jobs))]
     with store(config.db_url) as (sessions, _tmp):
         app = create_app(cluster=cluster, store_sessions=sessions, clock=time.time)
         with serve(app) as url:
-            per = [texts[i::clients] for i in range(clients)]
-            barrier = threading.Barrier(clients + 1)
-            errors: list[str] = []
-
-            def work(batch: list[str]) -> None:
-                with AllotmentClient(url, timeout=120) as client:
-                    client.health()  # connect before the clock starts
-                    barrier.wait()
-                    for text in batch:
-                        try:
-                            client.submit(text)
-                        except Exception as exc:
-                            errors.append(str(exc))
-
-            threads = [threading.Thread(target=work, args=(b,), daemon=True) for b in per]
-            for t in threads:
-                t.start()
-            barrier.wait()
-            start = time.perf_counter()
-            for t in threads:
-                t.join()
-            elapsed = time.perf_counter() - start
+            submitted, errors, elapsed = submit_all(
+                url,
+                [(0.0, text) for text in texts],
+                procs=config.client_procs,
+                threads=clients,
+                batch=config.batch,
+            )
         if errors:
             raise RuntimeError(f"{len(errors)} submissions failed, first: {errors[0]}")
         with sessions() as db:
             stored = db.scalar(select(func.count()).select_from(Job))
-        if stored != jobs:
-            raise RuntimeError(f"{jobs} submitted, {stored} stored")
+        if stored != jobs or submitted != jobs:
+            raise RuntimeError(f"{jobs} to submit, {submitted} accepted, {stored} stored")
     return jobs / elapsed
 
 
@@ -504,8 +617,8 @@ def report_drain(r: DrainResult, out: Callable[[str], None] = print) -> None:
     c = r.config
     out(
         f"drain: {c.cohorts} cohorts x {c.queues_per_cohort} queues, {r.jobs} jobs, "
-        f"capacity {c.capacity}, work bound {c.work_bound_s:.1f} s, {c.clients} clients, "
-        f"tick {c.tick_s} s"
+        f"capacity {c.capacity}, work bound {c.work_bound_s:.1f} s, {c.clients} clients "
+        f"in {c.client_procs or 'the server'} process(es), batch {c.batch}, tick {c.tick_s} s"
     )
     out(f"  submitted {r.submitted}, states {dict(sorted(r.states.items()))}")
     out(f"  submissions spanned {r.submit_span_s:.1f} s")
@@ -534,6 +647,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--share", type=float, default=1.0, help="share of each class's jobs")
     parser.add_argument("--cohorts", type=int, default=5)
     parser.add_argument("--clients", type=int, default=16, help="client threads (drain)")
+    parser.add_argument(
+        "--client-procs",
+        type=int,
+        default=2,
+        help="processes the clients are spread over (0: threads of the server's process)",
+    )
+    parser.add_argument(
+        "--batch", type=int, default=1, help="jobs per request (>1: POST /jobs:batch)"
+    )
     parser.add_argument("--tick", type=float, default=0.02, help="runner tick, seconds")
     parser.add_argument("--node-gpus", type=int, default=120)
     parser.add_argument("--db", default=None, help="database URL (default: temporary SQLite)")
@@ -551,6 +673,8 @@ def main(argv: list[str] | None = None) -> int:
     config = Config(
         cohorts=1 if args.quick else args.cohorts,
         clients=args.clients,
+        client_procs=args.client_procs,
+        batch=args.batch,
         tick_s=args.tick,
         node_gpus=args.node_gpus,
         db_url=args.db,
@@ -575,7 +699,10 @@ def main(argv: list[str] | None = None) -> int:
             pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(60)
             print(text.getvalue())
     if args.mode in ("burst", "both"):
-        print(f"burst: {burst_jobs} submissions per run, {repeat} runs per level, no loop")
+        print(
+            f"burst: {burst_jobs} submissions per run, {repeat} runs per level, no loop, "
+            f"clients in {config.client_procs or 'the server'} process(es), batch {config.batch}"
+        )
         print(f"  {'clients':>7} {'median/s':>9}  runs/s")
         for level in (int(x) for x in args.burst_clients.split(",")):
             rates = [run_burst(config, clients=level, jobs=burst_jobs) for _ in range(repeat)]

@@ -3,6 +3,8 @@ lost (behaviour only; no figure is checked)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from bench.bench_kueue import Config, JobClass, arrivals, run_burst, run_drain
 
 TINY = Config(
@@ -17,6 +19,7 @@ TINY = Config(
         JobClass("large", 4, 0.2, 200, 0.1, 2),
     ),
     clients=4,
+    client_procs=0,
     tick_s=0.01,
     timeout_s=120.0,
 )
@@ -46,3 +49,14 @@ def test_drain_runs_every_job_to_success() -> None:
 
 def test_burst_stores_every_submission() -> None:
     assert run_burst(TINY, clients=3, jobs=12) > 0  # raises if one is lost
+
+
+def test_burst_from_client_processes_in_batches_stores_every_submission() -> None:
+    config = replace(TINY, client_procs=2, batch=5)
+    assert run_burst(config, clients=4, jobs=23) > 0  # raises if one is lost
+
+
+def test_drain_in_batches_runs_every_job_to_success() -> None:
+    result = run_drain(replace(TINY, batch=4))
+    assert result.errors == []
+    assert result.states == {"succeeded": TINY.jobs}
