@@ -277,3 +277,15 @@ def test_two_sessions_update_different_jobs(sessions: sessionmaker[Session]) -> 
         assert get_job(session, "j-2").state == "cancelled"
         assert len(events_for(session, "j-1")) == 2
         assert len(events_for(session, "j-2")) == 2
+
+
+def test_transition_of_a_row_the_caller_holds(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        job = create_job(session, spec(), tenant="acme", user="ada", at=T0, job_id="j-1")
+        moved = transition_job(session, "j-1", S.PENDING, at=T0 + 1, message="ok", job=job)
+        assert moved is job
+        with pytest.raises(IllegalTransition):
+            transition_job(session, "j-1", S.RUNNING, at=T0 + 2, message="no", job=job)
+    with sessions() as session:
+        assert get_job(session, "j-1").state == "pending"
+        assert [e.to_state for e in events_for(session, "j-1")] == ["submitted", "pending"]

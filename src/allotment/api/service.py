@@ -138,7 +138,7 @@ class JobService:
             priority_class=priority.name,
         )
         return job_store.transition_job(
-            session, job.id, JobState.PENDING, at=now, message="accepted"
+            session, job.id, JobState.PENDING, at=now, message="accepted", job=job
         )
 
     def get(self, *, job_id: str) -> schemas.JobOut:

@@ -111,8 +111,13 @@ def transition_job(
     message: str,
     detail: dict[str, Any] | None = None,
     failure_class: FailureClass | None = None,
+    job: Job | None = None,
 ) -> Job:
     """Move job ``job_id`` to ``to_state`` and append the transition event.
+
+    ``job`` is the row when the caller already has it in ``session`` and no other
+    transaction can change it, as when the caller inserted it: the query, and with it
+    the row lock, is skipped.
 
     The move is validated by the domain's :func:`~allotment.domain.lifecycle.transition`
     before anything is written: an illegal move raises
@@ -120,7 +125,8 @@ def transition_job(
     failure class ``ValueError``) and leaves the row and the events as they were.
     Raises :class:`NotFound` for an unknown job. Locks the job row (PostgreSQL).
     """
-    job = get_job(session, job_id, for_update=True)
+    if job is None or job.id != job_id:
+        job = get_job(session, job_id, for_update=True)
     move = transition(
         JobState(job.state),
         to_state,
