@@ -157,7 +157,7 @@ class ControlLoop:
         try:
             with self.store_sessions.begin() as db:
                 for admit in decisions.admitted:
-                    job = get_job(db, admit.job)
+                    job = get_job(db, admit.job, for_update=True)
                     number = job.attempt + 1
                     db.add(
                         Attempt(
@@ -175,6 +175,7 @@ class ControlLoop:
                         db,
                         job.id,
                         _S.ADMITTED,
+                        job=job,
                         at=now,
                         message="admitted",
                         detail={
@@ -276,7 +277,7 @@ class ControlLoop:
         now = self.clock()
         with self.store_sessions.begin() as db:
             for job_id, spec, number, _allocation, replicas, failure in launched:
-                job = get_job(db, job_id)
+                job = get_job(db, job_id, for_update=True)
                 if job.state != _S.ADMITTED.value or job.attempt != number:
                     continue
                 if failure is None:
@@ -284,6 +285,7 @@ class ControlLoop:
                         db,
                         job_id,
                         _S.STARTING,
+                        job=job,
                         at=now,
                         message="launched",
                         detail={"attempt": number, "replicas": replicas},
@@ -292,7 +294,13 @@ class ControlLoop:
                 else:
                     klass = FailureClass.USER_CODE if not spec.command else FailureClass.RESOURCES
                     transition_job(
-                        db, job_id, _S.FAILED, at=now, message=failure, failure_class=klass
+                        db,
+                        job_id,
+                        _S.FAILED,
+                        job=job,
+                        at=now,
+                        message=failure,
+                        failure_class=klass,
                     )
                     moves.append(
                         Move(job=job_id, source=_S.ADMITTED, target=_S.FAILED, failure=klass)
@@ -350,7 +358,7 @@ class ControlLoop:
         gone: list[str] = []
         requeued: list[PendingJob] = []
         with self.store_sessions.begin() as db:
-            for job, attempt in self._open(db):
+            for job, attempt in self._open(db, lock=True):
                 state = _S(job.state)
                 if state is _S.ADMITTED:
                     continue
@@ -459,7 +467,14 @@ class ControlLoop:
     ) -> JobState:
         source = _S(job.state)
         transition_job(
-            db, job.id, target, at=now, message=message, detail=detail, failure_class=failure
+            db,
+            job.id,
+            target,
+            job=job,  # locked by _open(db, lock=True)
+            at=now,
+            message=message,
+            detail=detail,
+            failure_class=failure,
         )
         self._set_attempt_state(db, job)
         moves.append(Move(job=job.id, source=source, target=target, failure=failure))
@@ -497,7 +512,7 @@ class ControlLoop:
         gone: list[str] = []
         moves: list[Move] = []
         with self.store_sessions.begin() as db:
-            for job, attempt in self._open(db):
+            for job, attempt in self._open(db, lock=True):
                 keys = replica_keys(job.id, attempt.number, attempt.allocation)
                 known.update(keys)
                 state = _S(job.state)
@@ -556,14 +571,18 @@ class ControlLoop:
                 log.warning("could not stop %s: %s", key, exc)
 
     @staticmethod
-    def _open(db: DbSession) -> list[tuple[Job, Attempt]]:
-        """Jobs whose latest attempt has not ended, in submission order."""
+    def _open(db: DbSession, *, lock: bool = False) -> list[tuple[Job, Attempt]]:
+        """Jobs whose latest attempt has not ended, in submission order; ``lock`` locks
+        their job rows until the transaction ends (PostgreSQL), so that their moves may
+        skip reading each row again."""
         query = (
             select(Job, Attempt)
             .join(Attempt, and_(Attempt.job_id == Job.id, Attempt.number == Job.attempt))
             .where(Attempt.end_time.is_(None))
             .order_by(Job.submit_time, Job.id)
         )
+        if lock:
+            query = query.with_for_update(of=Job)
         return [(job, attempt) for job, attempt in db.execute(query).tuples()]
 
     @staticmethod
