@@ -225,8 +225,13 @@ def test_record_reasons_writes_only_changes_and_skips_unknown_jobs(
     assert sorted(changed) == ["j-2", "j-3"]
     with sessions.begin() as session:
         assert record_reasons(session, {"j-2": nofit, "j-3": nofit}, at=T0 + 2) == ["j-3"]
+    move(sessions, "j-1", S.PENDING, T0 + 3)
+    with sessions.begin() as session:  # only pending jobs: j-2 (submitted) is skipped
+        only = record_reasons(session, {"j-1": nofit, "j-2": quota}, at=T0 + 3, states=[S.PENDING])
+        assert only == ["j-1"]
     with sessions() as session:
-        assert get_job(session, "j-1").reason_since == T0
+        j1 = get_job(session, "j-1")
+        assert (j1.reason_code, j1.reason_since) == ("no_node_fits", T0 + 3)
         j2 = get_job(session, "j-2")
         assert (j2.reason_code, j2.reason_since) == ("no_node_fits", T0 + 1)
         j3 = get_job(session, "j-3")

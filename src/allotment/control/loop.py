@@ -225,7 +225,7 @@ class ControlLoop:
             for job_id, reason in waiting.items()
             if known.get(job_id) != (reason.code.value, reason.message)
         }
-        record_reasons(db, fresh, at=now)
+        record_reasons(db, fresh, at=now, states=(_S.PENDING,))
         # Only this cycle's waiting jobs are remembered; should the transaction fail, the
         # session is rebuilt and this is cleared.
         self._reasons = {j: (r.code.value, r.message) for j, r in waiting.items()}

@@ -193,14 +193,25 @@ IN_CHUNK = 500
 """Ids per ``IN (...)`` query: well under SQLite's and PostgreSQL's parameter limits."""
 
 
-def record_reasons(session: Session, reasons: Mapping[str, Reason], *, at: float) -> list[str]:
+def record_reasons(
+    session: Session,
+    reasons: Mapping[str, Reason],
+    *,
+    at: float,
+    states: Iterable[JobState] | None = None,
+) -> list[str]:
     """:func:`record_reason` for many jobs at once: one query per :data:`IN_CHUNK` ids and
-    one flush. Unknown ids are skipped. Returns the ids whose reason changed."""
+    one flush. Unknown ids, and jobs in none of ``states`` when given, are skipped.
+    Returns the ids whose reason changed."""
     changed: list[str] = []
     ids = list(reasons)
+    only = None if states is None else [JobState(s).value for s in states]
     for start in range(0, len(ids), IN_CHUNK):
         chunk = ids[start : start + IN_CHUNK]
-        for job in session.scalars(select(Job).where(Job.id.in_(chunk))):
+        query = select(Job).where(Job.id.in_(chunk))
+        if only is not None:
+            query = query.where(Job.state.in_(only))
+        for job in session.scalars(query):
             reason = reasons[job.id]
             code = reason.code.value
             if job.reason_code == code and job.reason_message == reason.message:
