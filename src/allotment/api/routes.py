@@ -37,6 +37,11 @@ def submit_job(body: schemas.SubmitRequest, svc: Service) -> schemas.JobOut:
     return svc.submit(spec_text=body.spec)
 
 
+@router.post("/jobs:batch", status_code=201, response_model=schemas.JobList)
+def submit_jobs(body: schemas.SubmitManyRequest, svc: Service) -> schemas.JobList:
+    return schemas.JobList(jobs=svc.submit_many(spec_texts=body.specs))
+
+
 @router.get("/jobs", response_model=schemas.JobPage)
 def list_jobs(
     svc: Service,
