@@ -452,6 +452,7 @@ class DrainResult:
     preemptions: int
     turns: int
     failed_turns: int
+    last_error: str | None
     errors: list[str]
 
     @property
@@ -565,6 +566,7 @@ def _drain_result(
         preemptions=preemptions,
         turns=runner.turns,
         failed_turns=runner.failures,
+        last_error=runner.last_error,
         errors=errors,
     )
 

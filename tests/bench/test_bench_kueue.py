@@ -35,6 +35,7 @@ def test_arrivals_follow_the_schedule() -> None:
 
 def test_drain_runs_every_job_to_success() -> None:
     result = run_drain(TINY)
+    assert (result.failed_turns, result.last_error) == (0, None)
     assert result.errors == []
     assert result.submitted == TINY.jobs
     assert result.states == {"succeeded": TINY.jobs}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from allotment.scheduler.snapshot import SchedulerPolicy
 
 from .builders import NOW, ClusterBuilder, admitted, codes, cycle, job, running, victims
@@ -194,3 +196,21 @@ def test_preemptor_that_needs_more_victims_says_so() -> None:
     decisions = cycle(cluster, pending, runs)
     assert victims(decisions) == {"hi": ["squatter"]}
     assert codes(decisions) == {"hi": "waiting_for_preemption"}
+
+
+def test_a_borrower_already_giving_back_is_not_reclaimed_twice() -> None:
+    """Found live (the Kueue bench): two jobs of b each reclaimed one of a's two jobs,
+    leaving a below its guarantee; a then reclaimed from b, and so on for ever. Only one
+    of a's jobs is borrowing: one victim, in the same cycle or while it terminates."""
+    cluster = shared().build()
+    runs = [
+        running("a1", "a", {"a100-00": 8}, start=NOW - 600),
+        running("a2", "a", {"a100-01": 8}, start=NOW - 300),
+    ]
+    pending = [job("b1", "b", gpu=8), job("b2", "b", gpu=8, submit=NOW - 30)]
+    decisions = cycle(cluster, pending, runs)
+    assert victims(decisions) == {"b1": ["a2"]}
+    assert codes(decisions)["b2"] != "waiting_for_preemption"
+    terminating = [runs[0], replace(runs[1], terminating=True)]
+    later = cycle(cluster, [replace(pending[0], preempting=("a2",)), pending[1]], terminating)
+    assert later.preemptions == []

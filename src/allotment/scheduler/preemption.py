@@ -113,6 +113,14 @@ def find_victims(
         return None
     total = job.total()
     reclaim_ok = state.policy.reclaim and state.quota.within_nominal(leaf.name, pool, total)
+    releasing = _releasing(state, pool, taken) if reclaim_ok else {}
+
+    def still_borrowing(queue: str) -> bool:
+        # A queue whose borrowing its jobs on their way out already give back is owed
+        # nothing more: taking another of its jobs would push it below its guarantee,
+        # and it would reclaim in turn (preemption ping-pong).
+        return state.quota.is_borrowing(queue, pool, releasing=releasing.get(queue))
+
     candidates: list[tuple[Holder, str]] = []
     for holder in _victim_order(state, leaf, pool, reclaim_ok):
         if (
@@ -124,6 +132,8 @@ def find_victims(
         if holder.id in taken:
             continue
         cause = _cause(state, job_class, leaf, holder, reclaim_ok)
+        if cause == "reclaim" and not still_borrowing(holder.queue):
+            continue
         if cause is not None:
             candidates.append((holder, cause))
             if len(candidates) >= MAX_CANDIDATES:
@@ -158,7 +168,7 @@ def find_victims(
     placement: PlacementResult | None = None
     try:
         for holder, cause in candidates:
-            if cause == "reclaim" and not state.quota.is_borrowing(holder.queue, pool):
+            if cause == "reclaim" and not still_borrowing(holder.queue):
                 continue  # that queue is back within its guarantee
             state.unhold(holder)
             removed.append((holder, cause))
@@ -183,6 +193,23 @@ def find_victims(
     finally:
         for holder, _ in removed:
             state.hold(holder)
+
+
+def _releasing(state: CycleState, pool: str, taken: set[str]) -> dict[str, dict[str, int]]:
+    """Per queue, what its jobs in ``pool`` that are already on their way out hold:
+    terminating ones, and victims chosen earlier in this cycle."""
+    out: dict[str, dict[str, int]] = {}
+    leaving = list(state.terminating.values())
+    leaving.extend(state.holders[i] for i in taken if i in state.holders)
+    seen: set[str] = set()
+    for holder in leaving:
+        if holder.pool != pool or holder.id in seen:
+            continue
+        seen.add(holder.id)
+        amounts = out.setdefault(holder.queue, {})
+        for resource, amount in holder.total.items():
+            amounts[resource] = amounts.get(resource, 0) + amount
+    return out
 
 
 def _on_one_node(

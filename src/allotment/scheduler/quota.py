@@ -251,11 +251,16 @@ class QuotaTree:
             return tuple(idle) if idle else (parent or "cluster",)
         return ("cluster",)
 
-    def is_borrowing(self, queue: str, pool: str) -> bool:
+    def is_borrowing(
+        self, queue: str, pool: str, *, releasing: Mapping[str, int] | None = None
+    ) -> bool:
         """Whether the queue uses more than its nominal quota of any named resource (or
-        anything of a pool where it names nothing)."""
+        anything of a pool where it names nothing), not counting ``releasing``: what its
+        jobs already on their way out (terminating, or victims chosen this cycle) hold."""
         key = (queue, pool)
         usage = self._usage[key]
+        if releasing:
+            usage = {r: v - releasing.get(r, 0) for r, v in usage.items()}
         nominal = self._nominal[key]
         if not nominal:
             return any(usage.values())
