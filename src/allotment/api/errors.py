@@ -16,15 +16,19 @@ from fastapi.responses import JSONResponse
 from allotment.domain.errors import (
     AllotmentError,
     Conflict,
+    Forbidden,
     IllegalTransition,
     InvalidInput,
     NotFound,
+    Unauthenticated,
 )
 
 log = logging.getLogger(__name__)
 
 STATUS_BY_CLASS: tuple[tuple[type[AllotmentError], int], ...] = (
     (NotFound, 404),
+    (Unauthenticated, 401),
+    (Forbidden, 403),
     (IllegalTransition, 409),
     (Conflict, 409),
     (InvalidInput, 422),  # ConfigError and InvalidQuantity included
