@@ -15,8 +15,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from allotment.api import cluster_config, explain, fleet, schemas
 from allotment.api.logs import read_log
+from allotment.api.policy import Owned
 from allotment.control.layout import Stream
-from allotment.domain.cluster import Cluster
+from allotment.domain.cluster import Cluster, Queue
 from allotment.domain.errors import ConfigError
 from allotment.domain.lifecycle import JobState
 from allotment.domain.loading import check_job, load_cluster_text, load_job_text
@@ -91,10 +92,19 @@ class JobService:
         self.policy = policy
         self._apply_lock = threading.Lock()
 
-    def submit(self, *, spec_text: str, user: str = ANONYMOUS) -> schemas.JobOut:
+    def submit(
+        self,
+        *,
+        spec_text: str,
+        user: str = ANONYMOUS,
+        may_submit: Callable[[Queue], None] | None = None,
+    ) -> schemas.JobOut:
         """Parse ``spec_text`` like a job file, check it against the cluster, store it
-        and move it to ``pending``. Raises :class:`ConfigError` naming key and line."""
+        and move it to ``pending``. Raises :class:`ConfigError` naming key and line;
+        ``may_submit`` is given the job's queue first and raises when ``user`` may not."""
         spec = load_job_text(spec_text, source=SPEC_SOURCE)
+        if may_submit is not None and spec.queue in self.cluster.queues:
+            may_submit(self.cluster.queues[spec.queue])
         issues = check_job(spec, self.cluster)
         if issues:
             raise ConfigError(issues, source=SPEC_SOURCE)
@@ -116,6 +126,12 @@ class JobService:
             )
             return job_out(job)
 
+    def owned(self, *, job_id: str) -> Owned:
+        """What authorisation looks at in a job (tenant, user); raises ``NotFound``."""
+        with self.sessions() as session:
+            job = job_store.get_job(session, job_id)
+            return Owned(kind="job", name=job.id, tenant=job.tenant, user=job.user)
+
     def get(self, *, job_id: str) -> schemas.JobOut:
         """One job; raises ``NotFound``."""
         with self.sessions() as session:
@@ -135,11 +151,18 @@ class JobService:
         states: Sequence[JobState] | None,
         limit: int,
         after: str | None,
+        tenant: str | None = None,
     ) -> schemas.JobPage:
-        """A page of jobs in submission order; ``next_after`` is set when more may follow."""
+        """A page of jobs in submission order (only ``tenant``'s when given);
+        ``next_after`` is set when more may follow."""
         with self.sessions() as session:
             rows = job_store.list_jobs(
-                session, queue=queue, states=states or None, limit=limit + 1, after=after
+                session,
+                queue=queue,
+                tenant=tenant,
+                states=states or None,
+                limit=limit + 1,
+                after=after,
             )
             page = [job_out(job) for job in rows[:limit]]
         more = len(rows) > limit
@@ -152,12 +175,13 @@ class JobService:
             events = [event_out(e) for e in job_store.events_for(session, job_id)]
         return schemas.EventList(job=job_id, events=events)
 
-    def queues(self) -> schemas.QueueUsageTree:
-        """The queue tree with nominal, used and borrowed GPUs per pool, and job counts."""
+    def queues(self, *, tenant: str | None = None) -> schemas.QueueUsageTree:
+        """The queue tree with nominal, used and borrowed GPUs per pool, and job counts;
+        with ``tenant``, only its queues and their ancestors."""
         cluster = self.cluster
         with self.sessions() as session:
             usage = fleet.Usage(session)
-        return fleet.queue_tree(cluster, usage)
+        return fleet.queue_tree(cluster, usage, tenant=tenant)
 
     def pools(self) -> schemas.PoolList:
         cluster = self.cluster
@@ -165,17 +189,21 @@ class JobService:
             usage = fleet.Usage(session)
         return fleet.pools(cluster, usage)
 
-    def nodes(self) -> schemas.NodeList:
+    def nodes(self, *, tenant: str | None = None) -> schemas.NodeList:
+        """Every node; with ``tenant``, the jobs shown on them are only its own."""
         cluster = self.cluster
         with self.sessions() as session:
-            usage = fleet.Usage(session)
+            usage = fleet.Usage(session, jobs_of=tenant)
         return fleet.nodes(cluster, usage)
 
-    def why(self, *, job_id: str) -> schemas.WhyOut:
-        """Why the job waits (or where it runs); raises ``NotFound``."""
+    def why(self, *, job_id: str, tenant: str | None = None) -> schemas.WhyOut:
+        """Why the job waits (or where it runs); raises ``NotFound``. With ``tenant``,
+        holders of other tenants are shown without their job and queue names."""
         cluster = self.cluster
         with self.sessions() as session:
-            return explain.why(session, cluster, job_id, now=self.clock(), policy=self.policy)
+            return explain.why(
+                session, cluster, job_id, now=self.clock(), policy=self.policy, tenant=tenant
+            )
 
     def logs(
         self,

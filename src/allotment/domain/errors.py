@@ -162,6 +162,4 @@ class Forbidden(AllotmentError, PermissionError):
     code = "forbidden"
 
     def __init__(self, action: str, needed: str) -> None:
-        super().__init__(
-            f"{action} needs {needed}", fields={"action": action, "needed": needed}
-        )
+        super().__init__(f"{action} needs {needed}", fields={"action": action, "needed": needed})

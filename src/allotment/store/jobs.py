@@ -270,12 +270,13 @@ def events_for(session: Session, job_id: str) -> Sequence[Event]:
     return session.scalars(select(Event).where(Event.job_id == job_id).order_by(Event.id)).all()
 
 
-def recent_jobs(session: Session, *, states: Iterable[JobState], limit: int = 20) -> Sequence[Job]:
-    """The jobs in ``states`` that changed last, newest first."""
-    query = (
-        select(Job)
-        .where(Job.state.in_([JobState(s).value for s in states]))
-        .order_by(Job.updated_at.desc(), Job.id.desc())
-        .limit(limit)
-    )
+def recent_jobs(
+    session: Session, *, states: Iterable[JobState], limit: int = 20, tenant: str | None = None
+) -> Sequence[Job]:
+    """The jobs in ``states`` that changed last, newest first (only ``tenant``'s when
+    given)."""
+    query = select(Job).where(Job.state.in_([JobState(s).value for s in states]))
+    if tenant is not None:
+        query = query.where(Job.tenant == tenant)
+    query = query.order_by(Job.updated_at.desc(), Job.id.desc()).limit(limit)
     return session.scalars(query).all()
