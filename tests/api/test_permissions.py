@@ -1,4 +1,4 @@
-"""The permission matrix, from one table: every route of the app × every role × an
+"""The permission matrix, from one table: every route of the app, by every role, on an
 object of the caller's own tenant or of another, against a real HTTP server with real
 tokens. A route without a row fails the suite, and so does a row without a route.
 
