@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from allotment.api.app import create_app
+from allotment.api.service import MAX_BATCH
 from allotment.client import AllotmentClient, ClientError
 from allotment.domain.loading import load_cluster
 from allotment.store.db import make_engine, session_factory
@@ -54,6 +55,38 @@ def test_submit_accepts_json_text(client: AllotmentClient) -> None:
         "replicas": [{"name": "w", "count": 1, "resources": {"gpu": 1}}],
     }
     assert client.submit(json.dumps(spec))["priority_class"] == "experiment"
+
+
+def test_submit_many_stores_all_in_order(client: AllotmentClient) -> None:
+    jobs = client.submit_many([job("a"), job("b", "batch"), job("c")])
+    assert [j["name"] for j in jobs] == ["a", "b", "c"]
+    assert {j["state"] for j in jobs} == {"pending"}
+    listed = client.list_jobs()["jobs"]
+    assert [j["id"] for j in listed] == [j["id"] for j in jobs]
+    trail = [(e["from_state"], e["to_state"]) for e in client.events(jobs[1]["id"])]
+    assert trail == [(None, "submitted"), ("submitted", "pending")]
+
+
+def test_submit_many_is_all_or_nothing(client: AllotmentClient) -> None:
+    with pytest.raises(ClientError) as err:
+        client.submit_many([job("a"), job("b", "nowhere"), job("c")])
+    assert err.value.status == 422
+    assert err.value.code == "invalid_config"
+    assert err.value.fields["source"] == "specs.1"
+    assert client.list_jobs()["jobs"] == []
+
+
+def test_submit_many_over_the_limit_is_413(client: AllotmentClient) -> None:
+    with pytest.raises(ClientError) as err:
+        client.submit_many([job(f"j{i}") for i in range(MAX_BATCH + 1)])
+    assert err.value.status == 413
+    assert err.value.code == "batch_too_large"
+    assert client.list_jobs()["jobs"] == []
+
+
+def test_submit_many_refuses_an_empty_batch(server: Server) -> None:
+    response = httpx.post(f"{server.url}/api/v1/jobs:batch", json={"specs": []})
+    assert response.status_code == 422
 
 
 def test_list_filters_and_pages(client: AllotmentClient) -> None:

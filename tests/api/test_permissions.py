@@ -46,6 +46,7 @@ PLATFORM_ONLY = row((200, 200), (403, 403), (403, 403), (403, 403), (401, 401))
 
 MATRIX: dict[str, dict[str, Cell]] = {
     "POST /api/v1/jobs": row((201, 201), (201, 404), (201, 404), (403, 404), (401, 401)),
+    "POST /api/v1/jobs:batch": row((201, 201), (201, 404), (201, 404), (403, 404), (401, 401)),
     "GET /api/v1/jobs": READ,
     "GET /api/v1/jobs/{job_id}": READ_OWN,
     "POST /api/v1/jobs/{job_id}/cancel": row(
@@ -116,6 +117,11 @@ Request = tuple[str, str, dict[str, object] | None]
 
 BUILD: dict[str, Callable[[World, str], Request]] = {
     "POST /api/v1/jobs": lambda w, t: ("POST", "/api/v1/jobs", {"spec": job(QUEUE[t])}),
+    "POST /api/v1/jobs:batch": lambda w, t: (
+        "POST",
+        "/api/v1/jobs:batch",
+        {"specs": [job(QUEUE[t]), job(QUEUE[t])]},
+    ),
     "GET /api/v1/jobs": lambda w, t: ("GET", f"/api/v1/jobs?queue={QUEUE[t]}", None),
     "GET /api/v1/jobs/{job_id}": lambda w, t: ("GET", f"/api/v1/jobs/{w.job(t)}", None),
     "POST /api/v1/jobs/{job_id}/cancel": lambda w, t: (

@@ -80,6 +80,10 @@ def test_each_tenant_sees_and_acts_only_on_its_own(stack: tuple[Live, People]) -
     ):
         refused(call, 404, "not_found")
 
+    # A batch with one job for the other tenant's queue stores nothing.
+    refused(lambda: bob.submit_many([job("vision-q"), job("nlp-q")]), 404, "not_found")
+    assert [j["id"] for j in people["root"].list_jobs(queue="vision-q")["jobs"]] == [vision]
+
     # A member cannot change queue policy; a viewer cannot submit.
     error = refused(lambda: bob.apply_cluster(CLUSTER), 403, "forbidden")
     assert "platform admin" in error.message

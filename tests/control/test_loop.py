@@ -14,7 +14,9 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from allotment.control.layout import log_path
+from allotment.control.loop import REASON_REFRESH_S
 from allotment.domain.lifecycle import FailureClass, JobState
+from allotment.domain.reasons import Reason, ReasonCode
 from allotment.executors.base import LaunchRequest
 from allotment.store.jobs import events_for, get_job
 from tests.control.conftest import (
@@ -111,6 +113,46 @@ def test_a_job_too_big_for_its_queue_waits_with_a_reason(
     with sessions() as db:
         assert len([e for e in events_for(db, job_id) if e.kind == "reason"]) == len(reasons)
     assert attempts(sessions, job_id) == []
+
+
+def test_a_changed_reason_is_written_though_the_last_one_is_remembered(
+    make_loop: MakeLoop, sessions: sessionmaker[Session], submit: Submit
+) -> None:
+    loop = make_loop()
+    job_id = submit("print(1)", gpu=4)
+    loop.cycle()
+    first = loop._reasons[job_id][:2]
+    with sessions.begin() as db:  # someone else changed the stored reason
+        job = get_job(db, job_id)
+        job.reason_code, job.reason_message = "other", "changed behind the loop's back"
+    loop.cycle()  # the loop trusts what it wrote last: nothing read, nothing written
+    with sessions() as db:
+        assert get_job(db, job_id).reason_code == "other"
+    loop.invalidate()  # a rebuilt session forgets, and writes the reason again
+    loop.cycle()
+    with sessions() as db:
+        job = get_job(db, job_id)
+        assert (job.reason_code, job.reason_message) == first
+
+
+def test_a_message_under_the_same_code_is_rewritten_at_most_every_refresh(
+    make_loop: MakeLoop, sessions: sessionmaker[Session], submit: Submit
+) -> None:
+    loop = make_loop()
+    job_id = submit("print(1)")
+    code = ReasonCode.BEHIND_HIGHER_PRIORITY
+
+    def record(message: str, at: float, code: ReasonCode = code) -> str | None:
+        with sessions.begin() as db:
+            loop._record_waiting(db, {job_id: Reason(code, message)}, at)
+        with sessions() as db:
+            return get_job(db, job_id).reason_message
+
+    assert record("behind j-1", 100.0) == "behind j-1"
+    assert record("behind j-2", 101.0) == "behind j-1"  # same code, too soon
+    assert record("out of quota", 102.0, ReasonCode.QUOTA_EXHAUSTED) == "out of quota"
+    assert record("behind j-3", 103.0) == "behind j-3"  # the code changed: at once
+    assert record("behind j-4", 103.0 + REASON_REFRESH_S) == "behind j-4"
 
 
 def test_a_new_loop_re_adopts_a_running_job_after_a_crash(

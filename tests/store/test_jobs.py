@@ -15,8 +15,10 @@ from allotment.store.jobs import (
     create_job,
     events_for,
     get_job,
+    jobs_by_id,
     list_jobs,
     record_reason,
+    record_reasons,
     requeue_job,
     transition_job,
 )
@@ -209,6 +211,59 @@ def test_record_reason_writes_only_changes(sessions: sessionmaker[Session]) -> N
         ]
 
 
+def test_record_reasons_writes_only_changes_and_skips_unknown_jobs(
+    sessions: sessionmaker[Session],
+) -> None:
+    for job_id in ("j-1", "j-2", "j-3"):
+        submit(sessions, job_id)
+    quota = Reason(ReasonCode.QUOTA_EXHAUSTED, "queue research has no gpu left", {"gpu": 0})
+    nofit = Reason(ReasonCode.NO_NODE_FITS, "no node has 8 free gpus")
+    with sessions.begin() as session:
+        record_reason(session, "j-1", quota, at=T0)
+    with sessions.begin() as session:
+        changed = record_reasons(
+            session, {"j-1": quota, "j-2": nofit, "j-3": quota, "j-x": quota}, at=T0 + 1
+        )
+    assert sorted(changed) == ["j-2", "j-3"]
+    with sessions.begin() as session:
+        assert record_reasons(session, {"j-2": nofit, "j-3": nofit}, at=T0 + 2) == ["j-3"]
+    move(sessions, "j-1", S.PENDING, T0 + 3)
+    with sessions.begin() as session:  # only pending jobs: j-2 (submitted) is skipped
+        only = record_reasons(session, {"j-1": nofit, "j-2": quota}, at=T0 + 3, states=[S.PENDING])
+        assert only == ["j-1"]
+    with sessions() as session:
+        j1 = get_job(session, "j-1")
+        assert (j1.reason_code, j1.reason_since) == ("no_node_fits", T0 + 3)
+        j2 = get_job(session, "j-2")
+        assert (j2.reason_code, j2.reason_since) == ("no_node_fits", T0 + 1)
+        j3 = get_job(session, "j-3")
+        assert (j3.reason_code, j3.reason_message, j3.reason_since) == (
+            "no_node_fits",
+            nofit.message,
+            T0 + 2,
+        )
+        codes = [e.detail["code"] for e in events_for(session, "j-3") if e.kind == "reason"]
+        assert codes == ["quota_exhausted", "no_node_fits"]
+
+
+def test_record_reasons_over_many_chunks(sessions: sessionmaker[Session]) -> None:
+    ids = [f"j-{i:04d}" for i in range(1_203)]
+    with sessions.begin() as session:
+        for i, job_id in enumerate(ids):
+            create_job(session, spec(), tenant="acme", user="ada", at=T0 + i, job_id=job_id)
+    reason = Reason(ReasonCode.QUOTA_EXHAUSTED, "full")
+    with sessions.begin() as session:
+        assert len(record_reasons(session, dict.fromkeys(ids, reason), at=T0)) == len(ids)
+    with sessions() as session:
+        count = session.scalar(
+            select(func.count()).select_from(Event).where(Event.kind == "reason")
+        )
+        assert count == len(ids)
+        rows = jobs_by_id(session, [*reversed(ids), "j-unknown"])
+        assert [job.id for job in rows] == ids  # submission order, unknown ones skipped
+        assert jobs_by_id(session, []) == []
+
+
 def test_two_sessions_update_different_jobs(sessions: sessionmaker[Session]) -> None:
     submit(sessions, "j-1")
     submit(sessions, "j-2")
@@ -300,3 +355,15 @@ def test_requeue_sets_not_before_with_the_move(sessions: sessionmaker[Session]) 
         job = get_job(session, "j-1")
         assert (job.state, job.failure_class, job.not_before) == ("pending", None, T0 + 36)
         assert events_for(session, "j-1")[-1].message == "retry 1 of 2"
+
+
+def test_transition_of_a_row_the_caller_holds(sessions: sessionmaker[Session]) -> None:
+    with sessions.begin() as session:
+        job = create_job(session, spec(), tenant="acme", user="ada", at=T0, job_id="j-1")
+        moved = transition_job(session, "j-1", S.PENDING, at=T0 + 1, message="ok", job=job)
+        assert moved is job
+        with pytest.raises(IllegalTransition):
+            transition_job(session, "j-1", S.RUNNING, at=T0 + 2, message="no", job=job)
+    with sessions() as session:
+        assert get_job(session, "j-1").state == "pending"
+        assert [e.to_state for e in events_for(session, "j-1")] == ["submitted", "pending"]

@@ -25,10 +25,18 @@ from allotment.domain.errors import (
 
 log = logging.getLogger(__name__)
 
+
+class BatchTooLarge(InvalidInput):
+    """More specs in one batch submission than the server accepts."""
+
+    code = "batch_too_large"
+
+
 STATUS_BY_CLASS: tuple[tuple[type[AllotmentError], int], ...] = (
     (NotFound, 404),
     (Unauthenticated, 401),
     (Forbidden, 403),
+    (BatchTooLarge, 413),
     (IllegalTransition, 409),
     (Conflict, 409),
     (InvalidInput, 422),  # ConfigError and InvalidQuantity included

@@ -52,12 +52,27 @@ def queue_owned(queue: Queue) -> Owned:
     )
 
 
-@router.post("/jobs", status_code=201, response_model=schemas.JobOut)
-def submit_job(body: schemas.SubmitRequest, svc: Service, who: CurrentPrincipal) -> schemas.JobOut:
-    def may_submit(queue: Queue) -> None:
+def may_submit(who: Principal) -> Callable[[Queue], None]:
+    """The check the service runs on each submitted job's queue."""
+
+    def check(queue: Queue) -> None:
         require(who, Action.JOB_SUBMIT, queue_owned(queue))
 
-    return svc.submit(spec_text=body.spec, user=who.user, may_submit=may_submit)
+    return check
+
+
+@router.post("/jobs", status_code=201, response_model=schemas.JobOut)
+def submit_job(body: schemas.SubmitRequest, svc: Service, who: CurrentPrincipal) -> schemas.JobOut:
+    return svc.submit(spec_text=body.spec, user=who.user, may_submit=may_submit(who))
+
+
+@router.post("/jobs:batch", status_code=201, response_model=schemas.JobList)
+def submit_jobs(
+    body: schemas.SubmitManyRequest, svc: Service, who: CurrentPrincipal
+) -> schemas.JobList:
+    return schemas.JobList(
+        jobs=svc.submit_many(spec_texts=body.specs, user=who.user, may_submit=may_submit(who))
+    )
 
 
 @router.get("/jobs", response_model=schemas.JobPage)

@@ -5,7 +5,7 @@ Inputs forbid unknown keys, so a typo in a request is an error, not a silently i
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -25,6 +25,14 @@ class SubmitRequest(Input):
     """``POST /jobs``: the job file's text, YAML or JSON, exactly as a user wrote it."""
 
     spec: str = Field(min_length=1, max_length=MAX_SPEC_CHARS)
+
+
+class SubmitManyRequest(Input):
+    """``POST /jobs:batch``: several job files' texts, stored all together or not at all."""
+
+    specs: list[Annotated[str, Field(min_length=1, max_length=MAX_SPEC_CHARS)]] = Field(
+        min_length=1
+    )
 
 
 class ReasonOut(Output):
@@ -51,6 +59,10 @@ class JobOut(Output):
     spec: dict[str, Any]
     created_at: float
     updated_at: float
+
+
+class JobList(Output):
+    jobs: list[JobOut]
 
 
 class JobPage(Output):

@@ -7,6 +7,7 @@ the app's one handler turns them into HTTP.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -14,17 +15,22 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 
 from allotment.api import cluster_config, explain, fleet, schemas
+from allotment.api.errors import BatchTooLarge
 from allotment.api.logs import read_log
 from allotment.api.policy import Owned
 from allotment.control.layout import Stream
-from allotment.domain.cluster import Cluster, Queue
-from allotment.domain.errors import ConfigError
+from allotment.domain.cluster import Cluster, PriorityClass, Queue
+from allotment.domain.errors import ConfigError, Issue
+from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import JobState
 from allotment.domain.loading import check_job, load_cluster_text, load_job_text
 from allotment.scheduler.snapshot import SchedulerPolicy
 from allotment.store import configs as config_store
 from allotment.store import jobs as job_store
 from allotment.store.models import Event, Job
+
+MAX_BATCH = 1_000
+"""Most job specs one batch submission may hold (more: ``batch_too_large``, HTTP 413)."""
 
 DEFAULT_TENANT = "default"
 ANONYMOUS = "anonymous"
@@ -102,29 +108,65 @@ class JobService:
         """Parse ``spec_text`` like a job file, check it against the cluster, store it
         and move it to ``pending``. Raises :class:`ConfigError` naming key and line;
         ``may_submit`` is given the job's queue first and raises when ``user`` may not."""
-        spec = load_job_text(spec_text, source=SPEC_SOURCE)
+        checked = self._check(spec_text, SPEC_SOURCE, may_submit)
+        with self.sessions.begin() as session:
+            return job_out(self._store(session, checked, user, self.clock()))
+
+    def submit_many(
+        self,
+        *,
+        spec_texts: Sequence[str],
+        user: str = ANONYMOUS,
+        may_submit: Callable[[Queue], None] | None = None,
+    ) -> list[schemas.JobOut]:
+        """:meth:`submit` for several specs in one transaction: all are stored, in order
+        (strictly increasing submit times), or none. The first invalid spec raises
+        :class:`ConfigError` with source ``specs.<index>``; more than
+        :data:`MAX_BATCH` raises :class:`BatchTooLarge`."""
+        if len(spec_texts) > MAX_BATCH:
+            raise BatchTooLarge(
+                f"{len(spec_texts)} specs in one batch; at most {MAX_BATCH}",
+                fields={"max_batch": MAX_BATCH, "count": len(spec_texts)},
+            )
+        checked = [self._check(text, f"specs.{i}", may_submit) for i, text in enumerate(spec_texts)]
+        out: list[schemas.JobOut] = []
+        at = -math.inf
+        with self.sessions.begin() as session:
+            for item in checked:
+                # Strictly increasing submit times keep the batch's order in the queues.
+                at = max(self.clock(), math.nextafter(at, math.inf))
+                out.append(job_out(self._store(session, item, user, at)))
+        return out
+
+    def _check(
+        self, spec_text: str, source: str, may_submit: Callable[[Queue], None] | None = None
+    ) -> tuple[JobSpec, Queue, PriorityClass]:
+        spec = load_job_text(spec_text, source=source)
         if may_submit is not None and spec.queue in self.cluster.queues:
             may_submit(self.cluster.queues[spec.queue])
-        issues = check_job(spec, self.cluster)
+        issues: list[Issue] = check_job(spec, self.cluster)
         if issues:
-            raise ConfigError(issues, source=SPEC_SOURCE)
+            raise ConfigError(issues, source=source)
         queue = self.cluster.queues[spec.queue]
         priority = self.cluster.priority_class_for(queue, spec.priority_class)
         assert priority is not None  # check_job reported otherwise
-        now = self.clock()
-        with self.sessions.begin() as session:
-            job = job_store.create_job(
-                session,
-                spec,
-                tenant=queue.tenant or DEFAULT_TENANT,
-                user=user,
-                at=now,
-                priority_class=priority.name,
-            )
-            job = job_store.transition_job(
-                session, job.id, JobState.PENDING, at=now, message="accepted"
-            )
-            return job_out(job)
+        return spec, queue, priority
+
+    def _store(
+        self, session: Session, checked: tuple[JobSpec, Queue, PriorityClass], user: str, now: float
+    ) -> Job:
+        spec, queue, priority = checked
+        job = job_store.create_job(
+            session,
+            spec,
+            tenant=queue.tenant or DEFAULT_TENANT,
+            user=user,
+            at=now,
+            priority_class=priority.name,
+        )
+        return job_store.transition_job(
+            session, job.id, JobState.PENDING, at=now, message="accepted", job=job
+        )
 
     def owned(self, *, job_id: str) -> Owned:
         """What authorisation looks at in a job (tenant, user); raises ``NotFound``."""

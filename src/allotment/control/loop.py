@@ -28,17 +28,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
 from allotment.control.allocations import allocation_json, placements_from_json, replica_keys
 from allotment.control.layout import attempt_dir, log_path, logs_dir
 from allotment.control.retries import finish_attempt
-from allotment.control.views import pending_of, running_of
+from allotment.control.views import open_attempts, pending_of, pending_rows, running_of
 from allotment.domain.cluster import Cluster
 from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import ACTIVE, FailureClass, JobState
+from allotment.domain.reasons import Reason
 from allotment.domain.resources import CPU, MEMORY
 from allotment.executors.base import (
     Executor,
@@ -56,7 +57,7 @@ from allotment.scheduler.snapshot import (
     RunningJob,
     SchedulerPolicy,
 )
-from allotment.store.jobs import get_job, record_reason, transition_job
+from allotment.store.jobs import get_job, jobs_by_id, record_reasons, transition_job
 from allotment.store.models import Attempt, Job
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,9 @@ DEFAULT_STOP_GRACE_S = 30.0
 """Seconds between SIGTERM and SIGKILL when the loop stops a replica."""
 
 _S = JobState
+
+REASON_REFRESH_S = 10.0
+"""How often at most a waiting job's reason message is rewritten while its code stays."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,6 +111,9 @@ class ControlLoop:
         self._nominated: set[str] = set()
         self._stop_sent: set[str] = set()
         """Jobs whose replicas this loop has asked to stop (until their attempt closes)."""
+        self._reasons: dict[str, tuple[str, str, float]] = {}
+        """Waiting reason (code, message, when written) the store holds for each job that
+        waited in the last cycle, so that an unchanged one is not read again."""
 
     # ------------------------------------------------------------------ state
 
@@ -123,15 +130,16 @@ class ControlLoop:
         pending job waits in its line."""
         session = Session(self.cluster, self.policy, now=self.clock())
         with self.store_sessions() as db:
-            for job, attempt in self._open(db):
+            for job, attempt in open_attempts(db):
                 session.started(self._running(job, attempt))
                 if _S(job.state) not in ACTIVE:
                     session.stopping(job.id)
-            for job in self._pending_rows(db):
+            for job in pending_rows(db):
                 if job.id not in session.running:
                     session.submit(self._pending(job))
         self._session = session
         self._nominated.clear()
+        self._reasons.clear()
         return session
 
     def invalidate(self) -> None:
@@ -178,6 +186,7 @@ class ControlLoop:
                         db,
                         job.id,
                         _S.ADMITTED,
+                        job=job,
                         at=now,
                         message="admitted",
                         detail={
@@ -187,11 +196,7 @@ class ControlLoop:
                             "backfilled": admit.backfilled,
                         },
                     )
-                for job_id, reason in decisions.waiting.items():
-                    row = db.get(Job, job_id)
-                    if row is None or _S(row.state) is not _S.PENDING:
-                        continue
-                    record_reason(db, job_id, reason, at=now)
+                self._record_waiting(db, decisions.waiting, now)
                 for preempt in decisions.preemptions:
                     for victim in preempt.victims:
                         row = db.get(Job, victim.job)
@@ -224,14 +229,45 @@ class ControlLoop:
         self._launch_admitted()
         return decisions
 
+    def _record_waiting(self, db: DbSession, waiting: Mapping[str, Reason], now: float) -> None:
+        """Keep each waiting job's reason in the store. A new reason code is written at
+        once; a new message under the same code (``behind j-7`` becoming ``behind j-9``
+        as the line moves) at most every :data:`REASON_REFRESH_S` per job, so that a long
+        backlog does not rewrite thousands of rows and events every cycle. Only reasons
+        that differ from what the store holds (see :attr:`_reasons`) are read at all."""
+        known = self._reasons
+        fresh: dict[str, Reason] = {}
+        remembered: dict[str, tuple[str, str, float]] = {}
+        for job_id, reason in waiting.items():
+            code, message = reason.code.value, reason.message
+            held = known.get(job_id)
+            if held is not None and (
+                (held[0], held[1]) == (code, message)
+                or (held[0] == code and now - held[2] < REASON_REFRESH_S)
+            ):
+                remembered[job_id] = held
+                continue
+            fresh[job_id] = reason
+            remembered[job_id] = (code, message, now)
+        record_reasons(db, fresh, at=now, states=(_S.PENDING,))
+        # Only this cycle's waiting jobs are remembered; should the transaction fail, the
+        # session is rebuilt and this is cleared.
+        self._reasons = remembered
+
     def _sync_pending(self, session: Session) -> None:
         """Pending jobs the store has and the session lacks join it; those the store no
-        longer calls pending leave it."""
+        longer calls pending leave it. Reads the pending ids, and whole rows only of the
+        jobs the session lacks."""
         with self.store_sessions() as db:
-            rows = list(self._pending_rows(db))
-        in_store = {row.id for row in rows}
+            in_store = set(db.scalars(select(Job.id).where(Job.state == _S.PENDING.value)))
+            new = [
+                job_id
+                for job_id in in_store
+                if session.pending_job(job_id) is None and job_id not in session.running
+            ]
+            rows = jobs_by_id(db, new) if new else []
         for row in rows:
-            if session.pending_job(row.id) is None and row.id not in session.running:
+            if row.state == _S.PENDING.value:
                 session.submit(self._pending(row))
         for job in list(session.pending()):
             if job.id not in in_store:
@@ -239,14 +275,17 @@ class ControlLoop:
 
     def _launch_admitted(self) -> list[Move]:
         """Launch every replica of every admitted job (idempotent), then move it to
-        ``starting``."""
+        ``starting``: all launches first, then their moves in one transaction."""
         moves: list[Move] = []
         with self.store_sessions() as db:
             rows = [
                 (job.id, JobSpec.model_validate(job.spec), attempt.number, attempt.allocation)
-                for job, attempt in self._open(db)
+                for job, attempt in open_attempts(db)
                 if job.state == _S.ADMITTED.value
             ]
+        if not rows:
+            return moves
+        launched: list[tuple[str, JobSpec, int, list[Any], int, str | None]] = []
         for job_id, spec, number, allocation in rows:
             placements = placements_from_json(allocation)
             failure: str | None = None
@@ -258,9 +297,11 @@ class ControlLoop:
                         self.executor.launch(self._request(job_id, spec, number, placement))
                 except OSError as exc:
                     failure = f"launch failed: {exc}"
-            now = self.clock()
-            with self.store_sessions.begin() as db:
-                job = get_job(db, job_id)
+            launched.append((job_id, spec, number, allocation, len(placements), failure))
+        now = self.clock()
+        with self.store_sessions.begin() as db:
+            for job_id, spec, number, _allocation, replicas, failure in launched:
+                job = get_job(db, job_id, for_update=True)
                 if job.state != _S.ADMITTED.value or job.attempt != number:
                     continue
                 if failure is None:
@@ -268,20 +309,28 @@ class ControlLoop:
                         db,
                         job_id,
                         _S.STARTING,
+                        job=job,
                         at=now,
                         message="launched",
-                        detail={"attempt": number, "replicas": len(placements)},
+                        detail={"attempt": number, "replicas": replicas},
                     )
                     moves.append(Move(job=job_id, source=_S.ADMITTED, target=_S.STARTING))
                 else:
                     klass = FailureClass.USER_CODE if not spec.command else FailureClass.RESOURCES
                     transition_job(
-                        db, job_id, _S.FAILED, at=now, message=failure, failure_class=klass
+                        db,
+                        job_id,
+                        _S.FAILED,
+                        job=job,
+                        at=now,
+                        message=failure,
+                        failure_class=klass,
                     )
                     moves.append(
                         Move(job=job_id, source=_S.ADMITTED, target=_S.FAILED, failure=klass)
                     )
                 self._set_attempt_state(db, job)
+        for job_id, _spec, number, allocation, _replicas, failure in launched:
             if failure is not None:
                 self._stop_keys(replica_keys(job_id, number, allocation))
         return moves
@@ -339,7 +388,7 @@ class ControlLoop:
         gone: list[str] = []
         requeued: list[PendingJob] = []
         with self.store_sessions.begin() as db:
-            for job, attempt in self._open(db):
+            for job, attempt in open_attempts(db, lock=True):
                 state = _S(job.state)
                 if state is _S.ADMITTED:
                     continue
@@ -454,7 +503,14 @@ class ControlLoop:
     ) -> JobState:
         source = _S(job.state)
         transition_job(
-            db, job.id, target, at=now, message=message, detail=detail, failure_class=failure
+            db,
+            job.id,
+            target,
+            job=job,  # locked by open_attempts(db, lock=True)
+            at=now,
+            message=message,
+            detail=detail,
+            failure_class=failure,
         )
         self._set_attempt_state(db, job)
         moves.append(Move(job=job.id, source=source, target=target, failure=failure))
@@ -488,7 +544,7 @@ class ControlLoop:
         moves: list[Move] = []
         requeued: list[PendingJob] = []
         with self.store_sessions.begin() as db:
-            for job, attempt in self._open(db):
+            for job, attempt in open_attempts(db, lock=True):
                 keys = replica_keys(job.id, attempt.number, attempt.allocation)
                 known.update(keys)
                 state = _S(job.state)
@@ -543,7 +599,7 @@ class ControlLoop:
         with self.store_sessions() as db:
             keys = [
                 key
-                for job, attempt in self._open(db)
+                for job, attempt in open_attempts(db)
                 if job.id in set(job_ids)
                 for key in replica_keys(job.id, attempt.number, attempt.allocation)
             ]
@@ -555,22 +611,6 @@ class ControlLoop:
                 self.executor.stop(key, self.stop_grace_s)
             except OSError as exc:  # reconciliation will try again
                 log.warning("could not stop %s: %s", key, exc)
-
-    @staticmethod
-    def _open(db: DbSession) -> list[tuple[Job, Attempt]]:
-        """Jobs whose latest attempt has not ended, in submission order."""
-        query = (
-            select(Job, Attempt)
-            .join(Attempt, and_(Attempt.job_id == Job.id, Attempt.number == Job.attempt))
-            .where(Attempt.end_time.is_(None))
-            .order_by(Job.submit_time, Job.id)
-        )
-        return [(job, attempt) for job, attempt in db.execute(query).tuples()]
-
-    @staticmethod
-    def _pending_rows(db: DbSession) -> Sequence[Job]:
-        query = select(Job).where(Job.state == _S.PENDING.value).order_by(Job.submit_time, Job.id)
-        return db.scalars(query).all()
 
     def _pending(self, job: Job) -> PendingJob:
         return pending_of(job, self.cluster)

@@ -54,14 +54,18 @@ def running_of(job: Job, attempt: Attempt, cluster: Cluster) -> RunningJob:
     )
 
 
-def open_attempts(db: DbSession) -> list[tuple[Job, Attempt]]:
-    """Jobs whose latest attempt has not ended, in submission order."""
+def open_attempts(db: DbSession, *, lock: bool = False) -> list[tuple[Job, Attempt]]:
+    """Jobs whose latest attempt has not ended, in submission order; ``lock`` locks
+    their job rows until the transaction ends (PostgreSQL), so that their moves may skip
+    reading each row again."""
     query = (
         select(Job, Attempt)
         .join(Attempt, and_(Attempt.job_id == Job.id, Attempt.number == Job.attempt))
         .where(Attempt.end_time.is_(None))
         .order_by(Job.submit_time, Job.id)
     )
+    if lock:
+        query = query.with_for_update(of=Job)
     return [(job, attempt) for job, attempt in db.execute(query).tuples()]
 
 

@@ -54,21 +54,40 @@ _Loader.add_implicit_resolver(
     list("-+0123456789"),
 )
 
+_FastBase: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _FastLoader(_FastBase):  # type: ignore[valid-type,misc]
+    """:class:`_Loader`'s rules on libyaml's parser (several times faster) when PyYAML
+    was built with it, else the same as :class:`_Loader`."""
+
+
+_FastLoader.yaml_implicit_resolvers = _Loader.yaml_implicit_resolvers
+
 
 def _check_depth(text: str) -> None:
     """Refuse nesting deeper than :data:`MAX_DEPTH` before composing (the composer
     recurses once per level, so a deep file would otherwise exhaust the stack)."""
     depth = 0
-    for event in yaml.parse(text, Loader=_Loader):
-        if isinstance(event, yaml.CollectionStartEvent):
-            depth += 1
-            if depth > MAX_DEPTH:
-                line = event.start_mark.line + 1 if event.start_mark else None
-                raise ConfigError(
-                    [Issue(path="", message=f"nested deeper than {MAX_DEPTH}", line=line)]
-                )
-        elif isinstance(event, yaml.CollectionEndEvent):
-            depth -= 1
+    try:
+        for event in yaml.parse(text, Loader=_FastLoader):
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    line = event.start_mark.line + 1 if event.start_mark else None
+                    raise ConfigError(
+                        [Issue(path="", message=f"nested deeper than {MAX_DEPTH}", line=line)]
+                    )
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    except yaml.YAMLError as exc:  # libyaml stops far deeper nesting itself
+        if "nesting depth" not in str(getattr(exc, "problem", "")):
+            raise
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        raise ConfigError(
+            [Issue(path="", message=f"nested deeper than {MAX_DEPTH}", line=line)]
+        ) from exc
 
 
 def _walk(
@@ -110,7 +129,7 @@ def parse_yaml(text: str, *, source: str | None = None) -> tuple[Any, Lines]:
         )
     try:
         _check_depth(text)
-        node = yaml.compose(text, Loader=_Loader)
+        node = yaml.compose(text, Loader=_FastLoader)
     except yaml.YAMLError as exc:
         raise _yaml_error(exc, source) from exc
     except ConfigError as exc:
@@ -123,7 +142,7 @@ def parse_yaml(text: str, *, source: str | None = None) -> tuple[Any, Lines]:
     except ConfigError as exc:
         raise ConfigError(exc.issues, source=source) from None
     try:
-        data = yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
+        data = yaml.load(text, Loader=_FastLoader)  # safe: CSafeLoader or SafeLoader
     except yaml.YAMLError as exc:  # e.g. an unhashable key, found only on construction
         raise _yaml_error(exc, source) from exc
     return data, lines
