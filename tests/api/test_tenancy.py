@@ -77,6 +77,7 @@ def test_each_tenant_sees_and_acts_only_on_its_own(stack: tuple[Live, People]) -
         lambda: people["alice"].cancel(nlp),
         lambda: nick.logs(vision),
         lambda: bob.submit(job("nlp-q")),
+        lambda: bob.list_jobs(after=nlp),
     ):
         refused(call, 404, "not_found")
 
