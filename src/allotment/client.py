@@ -190,6 +190,34 @@ class AllotmentClient:
         body: dict[str, Any] = self._request("GET", "/cluster")
         return body
 
+    def create_token(
+        self,
+        *,
+        user: str,
+        tenant: str | None = None,
+        role: str | None = None,
+        expires_in: str | None = None,
+    ) -> dict[str, Any]:
+        """Issue a token: ``{id, user, tenant, role, created_at, expires_at, revoked_at,
+        created_by, token}``; ``token`` is shown this once."""
+        body: dict[str, Any] = self._request(
+            "POST",
+            "/tokens",
+            json={"user": user, "tenant": tenant, "role": role, "expires_in": expires_in},
+        )
+        return body
+
+    def tokens(self) -> list[dict[str, Any]]:
+        """The tokens the caller may manage (never their text)."""
+        body: dict[str, Any] = self._request("GET", "/tokens")
+        tokens: list[dict[str, Any]] = body["tokens"]
+        return tokens
+
+    def revoke_token(self, token_id: str) -> dict[str, Any]:
+        """Revoke a token; returns it, with ``revoked_at`` set."""
+        body: dict[str, Any] = self._request("DELETE", f"/tokens/{token_id}")
+        return body
+
     def health(self) -> dict[str, Any]:
         body: dict[str, Any] = self._request("GET", "/healthz")
         return body

@@ -7,13 +7,16 @@ on a thread of its own (:class:`~allotment.control.runner.LoopRunner`), woken by
 write through the API; and the HTTP API with the dashboard, served by uvicorn.
 
 It writes the local user's client configuration (server URL and an admin token) so that
-the CLI works at once; only the token's digest is kept on the server side. Replicas run
+the CLI works at once; only the token's digest is kept on the server side. That token
+is a platform admin named after the local OS user; the API tokens issued through
+``/api/v1/tokens`` are accepted as well (:mod:`allotment.api.auth`). Replicas run
 under supervisors of their own and outlive the server: a restarted server re-adopts
 them at its first turn.
 """
 
 from __future__ import annotations
 
+import getpass
 import logging
 import os
 import secrets
@@ -30,7 +33,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from allotment.api.app import create_app
-from allotment.api.gate import token_digest
+from allotment.api.auth import AdminDigest, FirstOf, StoreTokens, token_digest
 from allotment.clientconfig import read_client_config, write_client_config
 from allotment.control.leading import LeaderElection
 from allotment.control.loop import DEFAULT_STOP_GRACE_S, ControlLoop
@@ -51,6 +54,14 @@ DEFAULT_PORT = 8642
 VIRTUAL_GPUS = 2
 """GPUs of the built-in local cluster on a machine where NVML finds none."""
 TOKEN_DIGEST_FILE = "admin-token.sha256"
+
+
+def local_user() -> str:
+    """The OS user running ``allot up``: the platform admin its token speaks for."""
+    try:
+        return getpass.getuser() or "admin"
+    except (OSError, KeyError, ImportError):
+        return "admin"
 
 
 def default_data_dir() -> Path:
@@ -178,7 +189,12 @@ class Server:
             cluster=self.cluster,
             store_sessions=self.sessions,
             clock=self.clock,
-            admin_token_digest=token_digest(self.token),
+            authenticator=FirstOf(
+                [
+                    AdminDigest(token_digest(self.token), user=local_user()),
+                    StoreTokens(self.sessions, clock=self.clock),
+                ]
+            ),
             after_write=self.election.wake,
             work_root=self.work_root,
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +20,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from allotment.api.app import create_app
+from allotment.api.auth import Authenticator
 from allotment.control.loop import ControlLoop
 from allotment.domain.cluster import Cluster
 from allotment.domain.lifecycle import JobState
@@ -87,21 +88,36 @@ def job_text(
 
 
 @contextmanager
-def live_stack(tmp_path: Path, engine: Engine | None = None) -> Iterator[Live]:
-    """The stack on ``engine`` (default: a fresh SQLite file in ``tmp_path``)."""
+def live_stack(
+    tmp_path: Path,
+    engine: Engine | None = None,
+    *,
+    cluster: Cluster | None = None,
+    authenticator: Callable[[sessionmaker[Session]], Authenticator] | None = None,
+) -> Iterator[Live]:
+    """The stack on ``engine`` (default: a fresh SQLite file in ``tmp_path``) for
+    ``cluster`` (default: the local example); ``authenticator`` builds the app's from
+    the store's sessions (default: none, every request a platform admin)."""
     own = engine is None
     if engine is None:
         engine = make_engine(f"sqlite:///{tmp_path / 'allotment.db'}")
     migrate.upgrade(engine)
     sessions = session_factory(engine)
-    cluster = load_cluster(EXAMPLES / "cluster-local.yaml")
+    if cluster is None:
+        cluster = load_cluster(EXAMPLES / "cluster-local.yaml")
     work_root = tmp_path / "work"
     state_root = tmp_path / "state"
     executor = LocalExecutor(state_root)
     loop = ControlLoop(
         cluster, sessions, executor, work_root=work_root, clock=time.time, stop_grace_s=1.0
     )
-    app = create_app(cluster=cluster, store_sessions=sessions, clock=time.time, work_root=work_root)
+    app = create_app(
+        cluster=cluster,
+        store_sessions=sessions,
+        clock=time.time,
+        work_root=work_root,
+        authenticator=authenticator(sessions) if authenticator is not None else None,
+    )
     live = Live(url="", loop=loop, sessions=sessions, work_root=work_root)
     app.state.on_cluster_change = live.applied.append
     try:

@@ -145,9 +145,10 @@ def test_logs_of_a_job_not_started_yet(live: Live, api: AllotmentClient) -> None
     assert (chunk["attempt"], chunk["data"], chunk["eof"]) == (0, "", False)
 
 
-def test_logs_refuse_bad_parameters(live: Live) -> None:
+def test_logs_refuse_bad_parameters(live: Live, api: AllotmentClient) -> None:
+    waiting = api.submit(job_text(SLEEP))["id"]  # an unknown job is a 404 before this
     for query in ("stream=both", "limit=0", "offset=-1", "attempt=0"):
-        response = httpx.get(f"{live.url}/api/v1/jobs/j-x/logs?{query}", timeout=10)
+        response = httpx.get(f"{live.url}/api/v1/jobs/{waiting}/logs?{query}", timeout=10)
         assert response.status_code == 422, query
         assert response.json()["code"] == "invalid_request"
 

@@ -38,6 +38,8 @@ class Up:
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    env_overrides: dict[str, str] = field(default_factory=dict)
+    """Set in the environment of the commands run after ``allot up`` (e.g. ALLOT_TOKEN)."""
 
     @property
     def data_dir(self) -> Path:
@@ -49,6 +51,7 @@ class Up:
         env["XDG_CONFIG_HOME"] = str(self.root / "config")
         env.pop("ALLOT_URL", None)
         env.pop("ALLOT_TOKEN", None)
+        env.update(self.env_overrides)
         return env
 
     @property

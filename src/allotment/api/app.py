@@ -9,12 +9,14 @@ from pathlib import Path
 from fastapi import FastAPI
 from sqlalchemy.orm import Session, sessionmaker
 
+from allotment.api.auth import Authenticator
 from allotment.api.dashboard import router as dashboard_router
 from allotment.api.errors import install_error_handlers
-from allotment.api.gate import AdminTokenGate, AfterWrite
+from allotment.api.gate import AfterWrite
 from allotment.api.limits import MAX_BODY_BYTES, BodyLimit
-from allotment.api.routes import router
+from allotment.api.routes import open_router, router
 from allotment.api.service import JobService
+from allotment.api.tokens import TokenService
 from allotment.domain.cluster import Cluster
 from allotment.scheduler.snapshot import SchedulerPolicy
 
@@ -25,7 +27,7 @@ def create_app(
     store_sessions: sessionmaker[Session],
     clock: Callable[[], float] = time.time,
     max_body_bytes: int = MAX_BODY_BYTES,
-    admin_token_digest: str | None = None,
+    authenticator: Authenticator | None = None,
     after_write: Callable[[], None] | None = None,
     work_root: Path | None = None,
     policy: SchedulerPolicy | None = None,
@@ -33,8 +35,9 @@ def create_app(
     """An app serving ``/api/v1`` and the dashboard for ``cluster`` on the store behind
     ``store_sessions``.
 
-    ``admin_token_digest`` (see :func:`~allotment.api.gate.token_digest`) turns on the
-    admin-token gate; without it every request is let through (tests, embedding).
+    ``authenticator`` (see :mod:`allotment.api.auth`) decides who each request speaks
+    for; without one every request is a platform admin named ``anonymous`` (tests,
+    embedding). Each request's principal is left in ``request.state.principal``.
     ``after_write`` is called after each successful write (the server wakes the control
     loop). ``work_root`` is the control loop's (where replica logs are, see
     :mod:`allotment.control.layout`); ``policy`` is the loop's scheduler policy, used to
@@ -46,13 +49,16 @@ def create_app(
     app.state.service = JobService(
         cluster=cluster, sessions=store_sessions, clock=clock, work_root=work_root, policy=policy
     )
+    app.state.tokens = TokenService(
+        cluster=lambda: app.state.service.cluster, sessions=store_sessions, clock=clock
+    )
+    app.state.authenticator = authenticator
     app.state.on_cluster_change = None
+    app.include_router(open_router)
     app.include_router(router)
     app.include_router(dashboard_router)
     install_error_handlers(app)
     if after_write is not None:
         app.add_middleware(AfterWrite, hook=after_write)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
-    if admin_token_digest is not None:
-        app.add_middleware(AdminTokenGate, digest=admin_token_digest)  # outermost
     return app

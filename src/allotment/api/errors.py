@@ -16,9 +16,11 @@ from fastapi.responses import JSONResponse
 from allotment.domain.errors import (
     AllotmentError,
     Conflict,
+    Forbidden,
     IllegalTransition,
     InvalidInput,
     NotFound,
+    Unauthenticated,
 )
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,8 @@ class BatchTooLarge(InvalidInput):
 
 STATUS_BY_CLASS: tuple[tuple[type[AllotmentError], int], ...] = (
     (NotFound, 404),
+    (Unauthenticated, 401),
+    (Forbidden, 403),
     (BatchTooLarge, 413),
     (IllegalTransition, 409),
     (Conflict, 409),

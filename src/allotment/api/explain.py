@@ -24,11 +24,12 @@ from allotment.scheduler.cycle import schedule_once
 from allotment.scheduler.decisions import Decisions
 from allotment.scheduler.eta import estimate_starts
 from allotment.scheduler.ordering import UNKNOWN_VALUE
-from allotment.scheduler.snapshot import PendingJob, SchedulerPolicy, Snapshot
+from allotment.scheduler.snapshot import PendingJob, RunningJob, SchedulerPolicy, Snapshot
 from allotment.store.jobs import get_job
 from allotment.store.models import Attempt, Job
 
 MAX_HOLDERS = 50
+HIDDEN = "(another tenant)"
 HOLDING = frozenset({JobState.ADMITTED, JobState.STARTING, JobState.RUNNING})
 
 
@@ -54,8 +55,10 @@ def why(
     *,
     now: float,
     policy: SchedulerPolicy | None = None,
+    tenant: str | None = None,
 ) -> schemas.WhyOut:
-    """Explain ``job_id``; raises ``NotFound``."""
+    """Explain ``job_id``; raises ``NotFound``. With ``tenant``, holders of other
+    tenants are shown as :data:`HIDDEN` (job and queue)."""
     job = get_job(db, job_id)
     state = JobState(job.state)
     if state is not JobState.PENDING:
@@ -91,7 +94,7 @@ def why(
             pool=_pool_position(snapshot, target, pools[0]) if pools else None,
         ),
         estimated_start=iso_utc(estimate),
-        holders=_holders(snapshot, set(pools)),
+        holders=_holders(snapshot, set(pools), cluster, tenant),
     )
 
 
@@ -145,13 +148,20 @@ def _pool_position(snapshot: Snapshot, job: PendingJob, pool: str) -> int:
     return ahead + 1
 
 
-def _holders(snapshot: Snapshot, pools: set[str]) -> list[schemas.Holder]:
+def _holders(
+    snapshot: Snapshot, pools: set[str], cluster: Cluster, tenant: str | None
+) -> list[schemas.Holder]:
     held = [r for r in snapshot.running if r.pool in pools and r.total().get(GPU, 0) > 0]
     held.sort(key=lambda r: (r.end_bound is None, r.end_bound or 0.0, r.id))
+
+    def shown(r: RunningJob) -> bool:
+        queue = cluster.queues.get(r.queue)
+        return tenant is None or (queue is not None and queue.tenant == tenant)
+
     return [
         schemas.Holder(
-            job=r.id,
-            queue=r.queue,
+            job=r.id if shown(r) else HIDDEN,
+            queue=r.queue if shown(r) else HIDDEN,
             gpu=gpus(r.total().get(GPU, 0)),
             expected_end=iso_utc(r.end_bound),
             pool=r.pool,

@@ -21,9 +21,11 @@ def _amounts(milli: dict[str, int]) -> dict[str, float | int]:
 
 
 class Usage:
-    """What the open attempts hold, read once: per (queue, pool) and per node."""
+    """What the open attempts hold, read once: per (queue, pool) and per node.
 
-    def __init__(self, db: DbSession) -> None:
+    The totals count every job; ``node_jobs`` lists only ``jobs_of``'s jobs when given."""
+
+    def __init__(self, db: DbSession, *, jobs_of: str | None = None) -> None:
         self.used: dict[tuple[str, str], int] = defaultdict(int)
         self.borrowed: dict[tuple[str, str], int] = defaultdict(int)
         self.running: dict[str, int] = defaultdict(int)
@@ -39,6 +41,8 @@ class Usage:
                 self.used[(job.queue, pool)] += gpu
                 for key, amount in placement.resources.items():
                     self.on_node[placement.node][key] += amount
+                if jobs_of is not None and job.tenant != jobs_of:
+                    continue
                 self.node_jobs[placement.node].append(
                     schemas.NodeJob(
                         job=job.id,
@@ -52,14 +56,29 @@ class Usage:
             self.pending[job.queue] += 1
 
 
-def queue_tree(cluster: Cluster, usage: Usage) -> schemas.QueueUsageTree:
+def queue_tree(
+    cluster: Cluster, usage: Usage, *, tenant: str | None = None
+) -> schemas.QueueUsageTree:
     """The queue tree with, per pool, nominal, used and borrowed GPUs of each subtree.
 
     A leaf's ``borrowed`` is what its open attempts were admitted as borrowing; an inner
-    queue's is what its subtree holds beyond the inner queue's own nominal quota."""
-    return schemas.QueueUsageTree(
-        queues=[_queue(root, cluster, usage)[0] for root in cluster.roots]
-    )
+    queue's is what its subtree holds beyond the inner queue's own nominal quota. With
+    ``tenant``, only that tenant's queues and their ancestors are shown (an ancestor's
+    numbers still count its whole subtree)."""
+    roots = [_queue(root, cluster, usage)[0] for root in cluster.roots]
+    if tenant is not None:
+        roots = [kept for root in roots if (kept := _prune(root, tenant)) is not None]
+    return schemas.QueueUsageTree(queues=roots)
+
+
+def _prune(queue: schemas.QueueUsageOut, tenant: str) -> schemas.QueueUsageOut | None:
+    """``queue`` with only the subtrees holding ``tenant``'s queues; ``None``: none."""
+    if queue.tenant == tenant:
+        return queue
+    children = [kept for child in queue.children if (kept := _prune(child, tenant)) is not None]
+    if not children:
+        return None
+    return queue.model_copy(update={"children": children})
 
 
 def _queue(

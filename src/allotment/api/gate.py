@@ -1,9 +1,8 @@
-"""Two pieces of ASGI middleware around the API.
+"""Where a request's token is found, and the write hook around the API.
 
-:class:`AdminTokenGate` lets a request through only with the admin bearer token that
-``allot up`` wrote for the local user (compared by SHA-256 digest in constant time). The
-health check is open; the dashboard takes the token from its cookie, which ``/?token=``
-sets. Multi-user tokens and roles replace this gate behind the same place later.
+:func:`presented_token` finds the token a request presents: the bearer token, else (the
+dashboard) ``/?token=`` or the cookie that it sets. Authentication itself is
+:mod:`allotment.api.auth` and :mod:`allotment.api.access`.
 
 :class:`AfterWrite` calls a hook after every successful write (``POST``, ``PUT``,
 ``PATCH``, ``DELETE`` under ``/api/v1``): the server wakes the control loop with it, so
@@ -12,26 +11,16 @@ that a submission is scheduled at once rather than on the next tick.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 from collections.abc import Callable
 from http.cookies import SimpleCookie
 from urllib.parse import parse_qs
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from allotment.api.limits import send_error
-
 API_PREFIX = "/api/v1"
-OPEN_PATHS = frozenset({f"{API_PREFIX}/healthz", "/favicon.ico"})
 TOKEN_COOKIE = "allot_token"
 DASHBOARD_PATH = "/"
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-
-
-def token_digest(token: str) -> str:
-    """The stored form of a token: its SHA-256, hex."""
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
@@ -62,32 +51,6 @@ def presented_token(scope: Scope) -> str | None:
         if morsel is not None and morsel.value:
             return morsel.value
     return None
-
-
-class AdminTokenGate:
-    """Refuse (401, ``unauthenticated``) any request without the admin token."""
-
-    def __init__(self, app: ASGIApp, *, digest: str) -> None:
-        self.app = app
-        self.digest = digest
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path", "") in OPEN_PATHS:
-            await self.app(scope, receive, send)
-            return
-        token = presented_token(scope)
-        if token is not None and hmac.compare_digest(token_digest(token), self.digest):
-            await self.app(scope, receive, send)
-            return
-        what = "no token was sent" if token is None else "the token is not valid"
-        await send_error(
-            send,
-            401,
-            "unauthenticated",
-            f"{what}: send 'Authorization: Bearer <token>' (the CLI reads it from "
-            "ALLOT_TOKEN or the config file that 'allot up' writes)",
-            {},
-        )
 
 
 class AfterWrite:

@@ -1,4 +1,11 @@
-"""The ``/api/v1`` routes. Thin: parse, call the service with keywords, return a schema."""
+"""The ``/api/v1`` routes. Thin: parse, authorise, call the service with keywords, return
+a schema.
+
+Every route of :data:`router` needs an authenticated principal; each names the one
+:class:`~allotment.api.policy.Action` it performs (``allowed``/``on_job``), and listings
+pass the principal's :func:`~allotment.api.policy.visible_tenant` to the query.
+:data:`open_router` holds the routes that need no token (the health check).
+"""
 
 from __future__ import annotations
 
@@ -8,75 +15,103 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Body, Depends, Query, Request
 
 from allotment.api import schemas
+from allotment.api.access import CurrentPrincipal, Service, Tokens, allowed, on_job, principal
+from allotment.api.auth import Principal
 from allotment.api.logs import MAX_CHUNK
-from allotment.api.service import JobService
-from allotment.domain.cluster import Cluster
+from allotment.api.policy import Action, Owned, require, visible_tenant
+from allotment.domain.cluster import Cluster, Queue
 from allotment.domain.lifecycle import JobState
 
 MAX_PAGE = 500
 DEFAULT_LOG_CHUNK = 64 * 1024
 
 ERRORS: dict[int | str, dict[str, object]] = {
-    code: {"model": schemas.ErrorOut} for code in (400, 404, 409, 413, 422, 500)
+    code: {"model": schemas.ErrorOut} for code in (400, 401, 403, 404, 409, 413, 422, 500)
 }
 
-router = APIRouter(prefix="/api/v1", responses=ERRORS)
+router = APIRouter(prefix="/api/v1", responses=ERRORS, dependencies=[Depends(principal)])
+open_router = APIRouter(prefix="/api/v1", responses=ERRORS)
+
+Reader = Annotated[Principal, Depends(on_job(Action.JOB_READ))]
+Canceller = Annotated[Principal, Depends(on_job(Action.JOB_CANCEL))]
+JobLister = Annotated[Principal, Depends(allowed(Action.JOB_READ))]
+QueueReader = Annotated[Principal, Depends(allowed(Action.QUEUE_READ))]
+FleetReader = Annotated[Principal, Depends(allowed(Action.FLEET_READ))]
+ClusterReader = Annotated[Principal, Depends(allowed(Action.CLUSTER_READ))]
+ClusterApplier = Annotated[Principal, Depends(allowed(Action.CLUSTER_APPLY))]
 
 
-def service(request: Request) -> JobService:
-    svc = request.app.state.service
-    assert isinstance(svc, JobService)
-    return svc
+def queue_owned(queue: Queue) -> Owned:
+    """What authorisation looks at in a queue: its tenant and submitters."""
+    submitters = queue.spec.submitters
+    return Owned(
+        kind="queue",
+        name=queue.name,
+        tenant=queue.tenant,
+        submitters=tuple(submitters) if submitters is not None else None,
+    )
 
 
-Service = Annotated[JobService, Depends(service)]
+def may_submit(who: Principal) -> Callable[[Queue], None]:
+    """The check the service runs on each submitted job's queue."""
+
+    def check(queue: Queue) -> None:
+        require(who, Action.JOB_SUBMIT, queue_owned(queue))
+
+    return check
 
 
 @router.post("/jobs", status_code=201, response_model=schemas.JobOut)
-def submit_job(body: schemas.SubmitRequest, svc: Service) -> schemas.JobOut:
-    return svc.submit(spec_text=body.spec)
+def submit_job(body: schemas.SubmitRequest, svc: Service, who: CurrentPrincipal) -> schemas.JobOut:
+    return svc.submit(spec_text=body.spec, user=who.user, may_submit=may_submit(who))
 
 
 @router.post("/jobs:batch", status_code=201, response_model=schemas.JobList)
-def submit_jobs(body: schemas.SubmitManyRequest, svc: Service) -> schemas.JobList:
-    return schemas.JobList(jobs=svc.submit_many(spec_texts=body.specs))
+def submit_jobs(
+    body: schemas.SubmitManyRequest, svc: Service, who: CurrentPrincipal
+) -> schemas.JobList:
+    return schemas.JobList(
+        jobs=svc.submit_many(spec_texts=body.specs, user=who.user, may_submit=may_submit(who))
+    )
 
 
 @router.get("/jobs", response_model=schemas.JobPage)
 def list_jobs(
     svc: Service,
+    who: JobLister,
     queue: str | None = None,
     state: Annotated[list[JobState] | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
     after: str | None = None,
 ) -> schemas.JobPage:
-    return svc.list(queue=queue, states=state, limit=limit, after=after)
+    return svc.list(queue=queue, states=state, limit=limit, after=after, tenant=visible_tenant(who))
 
 
 @router.get("/jobs/{job_id}", response_model=schemas.JobOut)
-def get_job(job_id: str, svc: Service) -> schemas.JobOut:
+def get_job(job_id: str, svc: Service, _: Reader) -> schemas.JobOut:
     return svc.get(job_id=job_id)
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=schemas.JobOut)
-def cancel_job(job_id: str, svc: Service) -> schemas.JobOut:
-    return svc.cancel(job_id=job_id)
+def cancel_job(job_id: str, svc: Service, who: Canceller) -> schemas.JobOut:
+    return svc.cancel(job_id=job_id, user=who.user)
 
 
 @router.get("/jobs/{job_id}/events", response_model=schemas.EventList)
-def job_events(job_id: str, svc: Service) -> schemas.EventList:
+def job_events(job_id: str, svc: Service, _: Reader) -> schemas.EventList:
     return svc.events(job_id=job_id)
 
 
 @router.get("/jobs/{job_id}/why", response_model=schemas.WhyOut)
-def why(job_id: str, svc: Service) -> schemas.WhyOut:
-    return svc.why(job_id=job_id)
+def why(job_id: str, svc: Service, who: Reader) -> schemas.WhyOut:
+    return svc.why(job_id=job_id, tenant=visible_tenant(who))
 
 
 @router.get("/jobs/{job_id}/logs", response_model=schemas.LogChunk)
 def logs(
     job_id: str,
     svc: Service,
+    _: Reader,
     replica: str | None = None,
     stream: Literal["out", "err"] = "out",
     offset: Annotated[int, Query(ge=0)] = 0,
@@ -89,33 +124,53 @@ def logs(
 
 
 @router.get("/queues", response_model=schemas.QueueUsageTree)
-def queues(svc: Service) -> schemas.QueueUsageTree:
-    return svc.queues()
+def queues(svc: Service, who: QueueReader) -> schemas.QueueUsageTree:
+    return svc.queues(tenant=visible_tenant(who))
 
 
 @router.get("/pools", response_model=schemas.PoolList)
-def pools(svc: Service) -> schemas.PoolList:
+def pools(svc: Service, _: FleetReader) -> schemas.PoolList:
     return svc.pools()
 
 
 @router.get("/nodes", response_model=schemas.NodeList)
-def nodes(svc: Service) -> schemas.NodeList:
-    return svc.nodes()
+def nodes(svc: Service, who: FleetReader) -> schemas.NodeList:
+    return svc.nodes(tenant=visible_tenant(who))
 
 
 @router.get("/cluster", response_model=schemas.ClusterText)
-def cluster(svc: Service) -> schemas.ClusterText:
+def cluster(svc: Service, _: ClusterReader) -> schemas.ClusterText:
     return svc.cluster_text()
 
 
 @router.put("/cluster", response_model=schemas.ClusterApplied)
 def apply_cluster(
-    body: Annotated[schemas.ClusterApply, Body()], request: Request, svc: Service
+    body: Annotated[schemas.ClusterApply, Body()],
+    request: Request,
+    svc: Service,
+    who: ClusterApplier,
 ) -> schemas.ClusterApplied:
     hook: Callable[[Cluster], None] | None = getattr(request.app.state, "on_cluster_change", None)
-    return svc.apply_cluster(text=body.text, dry_run=body.dry_run, on_change=hook)
+    return svc.apply_cluster(text=body.text, dry_run=body.dry_run, user=who.user, on_change=hook)
 
 
-@router.get("/healthz", response_model=schemas.Health)
+@router.post("/tokens", status_code=201, response_model=schemas.TokenIssued)
+def create_token(
+    body: schemas.TokenCreate, tokens: Tokens, who: CurrentPrincipal
+) -> schemas.TokenIssued:
+    return tokens.issue(who, body)
+
+
+@router.get("/tokens", response_model=schemas.TokenList)
+def list_tokens(tokens: Tokens, who: CurrentPrincipal) -> schemas.TokenList:
+    return tokens.list(who)
+
+
+@router.delete("/tokens/{token_id}", response_model=schemas.TokenOut)
+def revoke_token(token_id: str, tokens: Tokens, who: CurrentPrincipal) -> schemas.TokenOut:
+    return tokens.revoke(who, token_id)
+
+
+@open_router.get("/healthz", response_model=schemas.Health)
 def healthz() -> schemas.Health:
     return schemas.Health(status="ok")

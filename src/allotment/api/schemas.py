@@ -5,7 +5,7 @@ Inputs forbid unknown keys, so a typo in a request is an error, not a silently i
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -304,3 +304,35 @@ class ClusterText(Output):
     text: str | None
     sha256: str | None
     applied_at: float | None
+
+
+class TokenCreate(Input):
+    """``POST /tokens``. ``tenant`` absent: a platform token (role ``admin`` only).
+    ``role`` absent: the user's role in the tenant's members, else ``member``.
+    ``expires_in``: a duration (``30d``, ``12h``, seconds); absent: never."""
+
+    user: str = Field(min_length=1, max_length=128)
+    tenant: str | None = Field(default=None, min_length=1, max_length=128)
+    role: Literal["admin", "member", "viewer"] | None = None
+    expires_in: str | float | None = None
+
+
+class TokenOut(Output):
+    id: str
+    user: str
+    tenant: str | None
+    role: str
+    created_at: float
+    expires_at: float | None
+    revoked_at: float | None
+    created_by: str
+
+
+class TokenIssued(TokenOut):
+    """A new token: ``token`` is shown this once and never again."""
+
+    token: str
+
+
+class TokenList(Output):
+    tokens: list[TokenOut]

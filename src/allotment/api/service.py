@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from allotment.api import cluster_config, explain, fleet, schemas
 from allotment.api.errors import BatchTooLarge
 from allotment.api.logs import read_log
+from allotment.api.policy import Owned
 from allotment.control.layout import Stream
 from allotment.domain.cluster import Cluster, PriorityClass, Queue
 from allotment.domain.errors import ConfigError, Issue
@@ -97,15 +98,26 @@ class JobService:
         self.policy = policy
         self._apply_lock = threading.Lock()
 
-    def submit(self, *, spec_text: str, user: str = ANONYMOUS) -> schemas.JobOut:
+    def submit(
+        self,
+        *,
+        spec_text: str,
+        user: str = ANONYMOUS,
+        may_submit: Callable[[Queue], None] | None = None,
+    ) -> schemas.JobOut:
         """Parse ``spec_text`` like a job file, check it against the cluster, store it
-        and move it to ``pending``. Raises :class:`ConfigError` naming key and line."""
-        checked = self._check(spec_text, SPEC_SOURCE)
+        and move it to ``pending``. Raises :class:`ConfigError` naming key and line;
+        ``may_submit`` is given the job's queue first and raises when ``user`` may not."""
+        checked = self._check(spec_text, SPEC_SOURCE, may_submit)
         with self.sessions.begin() as session:
             return job_out(self._store(session, checked, user, self.clock()))
 
     def submit_many(
-        self, *, spec_texts: Sequence[str], user: str = ANONYMOUS
+        self,
+        *,
+        spec_texts: Sequence[str],
+        user: str = ANONYMOUS,
+        may_submit: Callable[[Queue], None] | None = None,
     ) -> list[schemas.JobOut]:
         """:meth:`submit` for several specs in one transaction: all are stored, in order
         (strictly increasing submit times), or none. The first invalid spec raises
@@ -116,7 +128,7 @@ class JobService:
                 f"{len(spec_texts)} specs in one batch; at most {MAX_BATCH}",
                 fields={"max_batch": MAX_BATCH, "count": len(spec_texts)},
             )
-        checked = [self._check(text, f"specs.{i}") for i, text in enumerate(spec_texts)]
+        checked = [self._check(text, f"specs.{i}", may_submit) for i, text in enumerate(spec_texts)]
         out: list[schemas.JobOut] = []
         at = -math.inf
         with self.sessions.begin() as session:
@@ -126,8 +138,12 @@ class JobService:
                 out.append(job_out(self._store(session, item, user, at)))
         return out
 
-    def _check(self, spec_text: str, source: str) -> tuple[JobSpec, Queue, PriorityClass]:
+    def _check(
+        self, spec_text: str, source: str, may_submit: Callable[[Queue], None] | None = None
+    ) -> tuple[JobSpec, Queue, PriorityClass]:
         spec = load_job_text(spec_text, source=source)
+        if may_submit is not None and spec.queue in self.cluster.queues:
+            may_submit(self.cluster.queues[spec.queue])
         issues: list[Issue] = check_job(spec, self.cluster)
         if issues:
             raise ConfigError(issues, source=source)
@@ -152,6 +168,12 @@ class JobService:
             session, job.id, JobState.PENDING, at=now, message="accepted", job=job
         )
 
+    def owned(self, *, job_id: str) -> Owned:
+        """What authorisation looks at in a job (tenant, user); raises ``NotFound``."""
+        with self.sessions() as session:
+            job = job_store.get_job(session, job_id)
+            return Owned(kind="job", name=job.id, tenant=job.tenant, user=job.user)
+
     def get(self, *, job_id: str) -> schemas.JobOut:
         """One job; raises ``NotFound``."""
         with self.sessions() as session:
@@ -171,11 +193,18 @@ class JobService:
         states: Sequence[JobState] | None,
         limit: int,
         after: str | None,
+        tenant: str | None = None,
     ) -> schemas.JobPage:
-        """A page of jobs in submission order; ``next_after`` is set when more may follow."""
+        """A page of jobs in submission order (only ``tenant``'s when given);
+        ``next_after`` is set when more may follow."""
         with self.sessions() as session:
             rows = job_store.list_jobs(
-                session, queue=queue, states=states or None, limit=limit + 1, after=after
+                session,
+                queue=queue,
+                tenant=tenant,
+                states=states or None,
+                limit=limit + 1,
+                after=after,
             )
             page = [job_out(job) for job in rows[:limit]]
         more = len(rows) > limit
@@ -188,12 +217,13 @@ class JobService:
             events = [event_out(e) for e in job_store.events_for(session, job_id)]
         return schemas.EventList(job=job_id, events=events)
 
-    def queues(self) -> schemas.QueueUsageTree:
-        """The queue tree with nominal, used and borrowed GPUs per pool, and job counts."""
+    def queues(self, *, tenant: str | None = None) -> schemas.QueueUsageTree:
+        """The queue tree with nominal, used and borrowed GPUs per pool, and job counts;
+        with ``tenant``, only its queues and their ancestors."""
         cluster = self.cluster
         with self.sessions() as session:
             usage = fleet.Usage(session)
-        return fleet.queue_tree(cluster, usage)
+        return fleet.queue_tree(cluster, usage, tenant=tenant)
 
     def pools(self) -> schemas.PoolList:
         cluster = self.cluster
@@ -201,17 +231,21 @@ class JobService:
             usage = fleet.Usage(session)
         return fleet.pools(cluster, usage)
 
-    def nodes(self) -> schemas.NodeList:
+    def nodes(self, *, tenant: str | None = None) -> schemas.NodeList:
+        """Every node; with ``tenant``, the jobs shown on them are only its own."""
         cluster = self.cluster
         with self.sessions() as session:
-            usage = fleet.Usage(session)
+            usage = fleet.Usage(session, jobs_of=tenant)
         return fleet.nodes(cluster, usage)
 
-    def why(self, *, job_id: str) -> schemas.WhyOut:
-        """Why the job waits (or where it runs); raises ``NotFound``."""
+    def why(self, *, job_id: str, tenant: str | None = None) -> schemas.WhyOut:
+        """Why the job waits (or where it runs); raises ``NotFound``. With ``tenant``,
+        holders of other tenants are shown without their job and queue names."""
         cluster = self.cluster
         with self.sessions() as session:
-            return explain.why(session, cluster, job_id, now=self.clock(), policy=self.policy)
+            return explain.why(
+                session, cluster, job_id, now=self.clock(), policy=self.policy, tenant=tenant
+            )
 
     def logs(
         self,

@@ -12,8 +12,10 @@ handler; the CLI prints ``message``.
     │   ├── ConfigError                      code=invalid_config   (a list of issues)
     │   └── IllegalTransition                code=illegal_transition
     ├── NotFound (LookupError)               code=not_found
-    └── Conflict                             code=conflict
-        └── AlreadyEnded                     code=already_ended
+    ├── Conflict                             code=conflict
+    │   └── AlreadyEnded                     code=already_ended
+    ├── Unauthenticated                      code=unauthenticated (no valid credentials)
+    └── Forbidden (PermissionError)          code=forbidden (the role needed is named)
 """
 
 from __future__ import annotations
@@ -137,3 +139,27 @@ class AlreadyEnded(Conflict):
             f"job {job_id!r} has already ended ({state}); there is nothing to {action}",
             fields={"job": job_id, "state": state, "action": action},
         )
+
+
+class Unauthenticated(AllotmentError):
+    """No credentials, or credentials that are not (or no longer) valid; ``why`` says
+    which: ``missing``, ``invalid``, ``expired`` or ``revoked``."""
+
+    code = "unauthenticated"
+
+    def __init__(self, why: str, detail: str) -> None:
+        super().__init__(
+            f"{detail}: send 'Authorization: Bearer <token>' (the CLI reads it from "
+            "ALLOT_TOKEN or the config file that 'allot up' writes)",
+            fields={"why": why},
+        )
+
+
+class Forbidden(AllotmentError, PermissionError):
+    """The caller is known but its role does not allow the action; ``needed`` names the
+    role that would."""
+
+    code = "forbidden"
+
+    def __init__(self, action: str, needed: str) -> None:
+        super().__init__(f"{action} needs {needed}", fields={"action": action, "needed": needed})

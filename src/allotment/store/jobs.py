@@ -308,7 +308,8 @@ def list_jobs(
     """Jobs in submission order (``submit_time``, then id), filtered in the query.
 
     ``after`` is the id of the last job of the previous page (keyset pagination); an
-    unknown ``after`` raises :class:`NotFound`. ``limit`` must be positive.
+    unknown ``after`` (or, with ``tenant``, one of another tenant) raises
+    :class:`NotFound`. ``limit`` must be positive.
     """
     if limit <= 0:
         raise ValueError("limit must be positive")
@@ -321,6 +322,8 @@ def list_jobs(
         query = query.where(Job.state.in_([JobState(s).value for s in states]))
     if after is not None:
         last = get_job(session, after)
+        if tenant is not None and last.tenant != tenant:
+            raise NotFound("job", after)  # another tenant's job is no cursor
         query = query.where(
             or_(
                 Job.submit_time > last.submit_time,
@@ -336,12 +339,13 @@ def events_for(session: Session, job_id: str) -> Sequence[Event]:
     return session.scalars(select(Event).where(Event.job_id == job_id).order_by(Event.id)).all()
 
 
-def recent_jobs(session: Session, *, states: Iterable[JobState], limit: int = 20) -> Sequence[Job]:
-    """The jobs in ``states`` that changed last, newest first."""
-    query = (
-        select(Job)
-        .where(Job.state.in_([JobState(s).value for s in states]))
-        .order_by(Job.updated_at.desc(), Job.id.desc())
-        .limit(limit)
-    )
+def recent_jobs(
+    session: Session, *, states: Iterable[JobState], limit: int = 20, tenant: str | None = None
+) -> Sequence[Job]:
+    """The jobs in ``states`` that changed last, newest first (only ``tenant``'s when
+    given)."""
+    query = select(Job).where(Job.state.in_([JobState(s).value for s in states]))
+    if tenant is not None:
+        query = query.where(Job.tenant == tenant)
+    query = query.order_by(Job.updated_at.desc(), Job.id.desc()).limit(limit)
     return session.scalars(query).all()

@@ -135,3 +135,24 @@ class Event(Base):
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
     __table_args__ = (Index("ix_events_job_id", "job_id", "id"),)
+
+
+class ApiToken(Base):
+    """An API token, kept only as the SHA-256 of its text: who it speaks for (user,
+    tenant, role), who issued it, and when it expires or was revoked.
+
+    ``tenant`` is null for platform tokens (role ``admin``: a platform admin)."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user: Mapped[str] = mapped_column(String(NAME))
+    tenant: Mapped[str | None] = mapped_column(String(NAME))
+    role: Mapped[str] = mapped_column(String(STATE))
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float | None] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float)
+    digest: Mapped[str] = mapped_column(String(64), unique=True)
+    created_by: Mapped[str] = mapped_column(String(NAME))
+
+    __table_args__ = (Index("ix_api_tokens_tenant", "tenant", "created_at"),)

@@ -1,0 +1,131 @@
+"""Authentication: who a request speaks for, behind one small interface.
+
+An :class:`Authenticator` turns the token a request presents into a :class:`Principal`
+(user, tenant, role), or ``None`` when the token is not one it knows; it raises
+:class:`~allotment.domain.errors.Unauthenticated` when it knows the token but the token
+no longer counts (expired, revoked). Implementations here: the store's API tokens
+(:class:`StoreTokens`), the admin token ``allot up`` writes for the local user
+(:class:`AdminDigest`), and :class:`FirstOf` to try several in order. An OIDC/JWT
+verifier would be one more implementation.
+
+Tokens are high-entropy random strings; only their SHA-256 is stored, and digests are
+compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from allotment.domain.cluster import Role
+from allotment.domain.errors import Unauthenticated
+from allotment.store.tokens import token_by_digest
+
+TOKEN_PREFIX = "allot_"
+TOKEN_BYTES = 32
+
+
+def token_digest(token: str) -> str:
+    """The stored form of a token: its SHA-256, hex."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    """A fresh token: ``allot_`` and 32 random bytes, URL-safe base64."""
+    return TOKEN_PREFIX + secrets.token_urlsafe(TOKEN_BYTES)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Principal:
+    """Who a request speaks for. ``tenant`` is ``None`` for the platform; a principal
+    with role ``admin`` and no tenant is a platform admin. ``token_id`` names the
+    stored token (``None`` for the admin token of ``allot up`` and for anonymous)."""
+
+    user: str
+    tenant: str | None
+    role: Role
+    token_id: str | None = None
+
+    @property
+    def platform_admin(self) -> bool:
+        return self.tenant is None and self.role is Role.ADMIN
+
+
+ANONYMOUS = Principal(user="anonymous", tenant=None, role=Role.ADMIN, token_id=None)
+"""Every request of an app built without an authenticator (tests, embedding)."""
+
+
+class Authenticator(Protocol):
+    """Turns a presented token into a principal."""
+
+    def authenticate(self, token: str) -> Principal | None:
+        """The principal of ``token``; ``None`` when the token is unknown here. Raises
+        ``Unauthenticated`` for a known token that no longer counts. May block on I/O."""
+        ...
+
+
+class AdminDigest:
+    """The one admin token of ``allot up``, known by its digest: a platform admin."""
+
+    def __init__(self, digest: str, *, user: str) -> None:
+        self.digest = digest
+        self.user = user
+
+    def authenticate(self, token: str) -> Principal | None:
+        if hmac.compare_digest(token_digest(token), self.digest):
+            return Principal(user=self.user, tenant=None, role=Role.ADMIN, token_id=None)
+        return None
+
+
+class StoreTokens:
+    """The API tokens in the store (see :mod:`allotment.store.tokens`)."""
+
+    def __init__(self, sessions: sessionmaker[Session], *, clock: Callable[[], float]) -> None:
+        self.sessions = sessions
+        self.clock = clock
+
+    def authenticate(self, token: str) -> Principal | None:
+        digest = token_digest(token)
+        with self.sessions() as db:
+            row = token_by_digest(db, digest)
+            if row is None or not hmac.compare_digest(row.digest, digest):
+                return None
+            if row.revoked_at is not None:
+                raise Unauthenticated("revoked", f"the token {row.id} has been revoked")
+            if row.expires_at is not None and row.expires_at <= self.clock():
+                raise Unauthenticated("expired", f"the token {row.id} has expired")
+            return Principal(user=row.user, tenant=row.tenant, role=Role(row.role), token_id=row.id)
+
+
+class FirstOf:
+    """Several authenticators, asked in order; the first that knows the token answers."""
+
+    def __init__(self, authenticators: Sequence[Authenticator]) -> None:
+        self.authenticators = tuple(authenticators)
+
+    def authenticate(self, token: str) -> Principal | None:
+        for authenticator in self.authenticators:
+            found = authenticator.authenticate(token)
+            if found is not None:
+                return found
+        return None
+
+
+def authenticate(authenticator: Authenticator | None, token: str | None) -> Principal:
+    """The principal of a request that presented ``token`` (``None``: none was sent).
+    Without an authenticator every request is :data:`ANONYMOUS`. Raises
+    ``Unauthenticated`` saying why (missing, invalid, expired, revoked)."""
+    if authenticator is None:
+        return ANONYMOUS
+    if token is None:
+        raise Unauthenticated("missing", "no token was sent")
+    found = authenticator.authenticate(token)
+    if found is None:
+        raise Unauthenticated("invalid", "the token is not valid")
+    return found
