@@ -5,7 +5,7 @@ from sqlalchemy import Engine, inspect
 from allotment.store import migrate
 from allotment.store.models import Base
 
-TABLES = {"cluster_configs", "jobs", "attempts", "events"}
+TABLES = {"cluster_configs", "jobs", "attempts", "events", "audit_records"}
 
 
 def _tables(engine: Engine) -> set[str]:
