@@ -9,6 +9,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from sqlalchemy.orm import Session, sessionmaker
 
+from allotment.api.audit import AuditTrail
 from allotment.api.dashboard import router as dashboard_router
 from allotment.api.errors import install_error_handlers
 from allotment.api.gate import AdminTokenGate, AfterWrite
@@ -29,6 +30,7 @@ def create_app(
     after_write: Callable[[], None] | None = None,
     work_root: Path | None = None,
     policy: SchedulerPolicy | None = None,
+    audit: bool = True,
 ) -> FastAPI:
     """An app serving ``/api/v1`` and the dashboard for ``cluster`` on the store behind
     ``store_sessions``.
@@ -38,7 +40,8 @@ def create_app(
     ``after_write`` is called after each successful write (the server wakes the control
     loop). ``work_root`` is the control loop's (where replica logs are, see
     :mod:`allotment.control.layout`); ``policy`` is the loop's scheduler policy, used to
-    explain waiting jobs. After ``PUT /cluster`` the app calls
+    explain waiting jobs. ``audit`` records every write and sensitive read in the audit
+    trail (:mod:`allotment.api.audit`), refusals included. After ``PUT /cluster`` the app calls
     ``app.state.on_cluster_change(cluster)`` when the composition has set it. Does not
     start a server or the control loop.
     """
@@ -54,5 +57,7 @@ def create_app(
         app.add_middleware(AfterWrite, hook=after_write)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     if admin_token_digest is not None:
-        app.add_middleware(AdminTokenGate, digest=admin_token_digest)  # outermost
+        app.add_middleware(AdminTokenGate, digest=admin_token_digest)
+    if audit:
+        app.add_middleware(AuditTrail, sessions=store_sessions, clock=clock)
     return app

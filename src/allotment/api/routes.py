@@ -7,13 +7,14 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Depends, Query, Request
 
-from allotment.api import schemas
+from allotment.api import audit, schemas
 from allotment.api.logs import MAX_CHUNK
 from allotment.api.service import JobService
 from allotment.domain.cluster import Cluster
 from allotment.domain.lifecycle import JobState
 
 MAX_PAGE = 500
+MAX_ID = 2**63 - 1
 DEFAULT_LOG_CHUNK = 64 * 1024
 
 ERRORS: dict[int | str, dict[str, object]] = {
@@ -109,6 +110,41 @@ def apply_cluster(
 ) -> schemas.ClusterApplied:
     hook: Callable[[Cluster], None] | None = getattr(request.app.state, "on_cluster_change", None)
     return svc.apply_cluster(text=body.text, dry_run=body.dry_run, on_change=hook)
+
+
+@router.get("/audit", response_model=schemas.AuditPage)
+def audit_records(
+    request: Request,
+    svc: Service,
+    user: str | None = None,
+    tenant: str | None = None,
+    action: str | None = None,
+    object: str | None = None,
+    since: Annotated[float | None, Query(allow_inf_nan=False)] = None,
+    until: Annotated[float | None, Query(allow_inf_nan=False)] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+    after: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
+) -> schemas.AuditPage:
+    """Audit records by id, filtered; a tenant's principal sees only its tenant's."""
+    _, visible = audit.principal_of(request.state)
+    return audit.list_audit(
+        svc.sessions,
+        visible_tenant=visible,
+        user=user,
+        tenant=tenant,
+        action=action,
+        object=object,
+        since=since,
+        until=until,
+        after=after,
+        limit=limit,
+    )
+
+
+@router.get("/audit/verify", response_model=schemas.AuditVerifyOut)
+def audit_verify(svc: Service) -> schemas.AuditVerifyOut:
+    """Check the audit chain; name the first edited, deleted or reordered record."""
+    return audit.verify_audit(svc.sessions)
 
 
 @router.get("/healthz", response_model=schemas.Health)
