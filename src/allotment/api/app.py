@@ -14,6 +14,7 @@ from allotment.api.dashboard import router as dashboard_router
 from allotment.api.errors import install_error_handlers
 from allotment.api.gate import AdminTokenGate, AfterWrite
 from allotment.api.limits import MAX_BODY_BYTES, BodyLimit
+from allotment.api.ratelimit import RateLimit, RateLimiter
 from allotment.api.routes import router
 from allotment.api.service import JobService
 from allotment.domain.cluster import Cluster
@@ -31,6 +32,7 @@ def create_app(
     work_root: Path | None = None,
     policy: SchedulerPolicy | None = None,
     audit: bool = True,
+    rate_limit: RateLimit | None = None,
 ) -> FastAPI:
     """An app serving ``/api/v1`` and the dashboard for ``cluster`` on the store behind
     ``store_sessions``.
@@ -41,9 +43,10 @@ def create_app(
     loop). ``work_root`` is the control loop's (where replica logs are, see
     :mod:`allotment.control.layout`); ``policy`` is the loop's scheduler policy, used to
     explain waiting jobs. ``audit`` records every write and sensitive read in the audit
-    trail (:mod:`allotment.api.audit`), refusals included. After ``PUT /cluster`` the app calls
-    ``app.state.on_cluster_change(cluster)`` when the composition has set it. Does not
-    start a server or the control loop.
+    trail (:mod:`allotment.api.audit`), refusals included. ``rate_limit`` turns on a
+    token bucket per API token (:mod:`allotment.api.ratelimit`; off by default). After
+    ``PUT /cluster`` the app calls ``app.state.on_cluster_change(cluster)`` when the
+    composition has set it. Does not start a server or the control loop.
     """
     app = FastAPI(title="Allotment", version="1")
     app.state.service = JobService(
@@ -60,4 +63,6 @@ def create_app(
         app.add_middleware(AdminTokenGate, digest=admin_token_digest)
     if audit:
         app.add_middleware(AuditTrail, sessions=store_sessions, clock=clock)
+    if rate_limit is not None:
+        app.add_middleware(RateLimiter, limit=rate_limit)  # outermost: floods are not audited
     return app

@@ -11,7 +11,13 @@ MAX_BODY_BYTES = 1024 * 1024
 
 
 async def send_error(
-    send: Send, status: int, code: str, message: str, fields: dict[str, Any]
+    send: Send,
+    status: int,
+    code: str,
+    message: str,
+    fields: dict[str, Any],
+    *,
+    headers: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
     """Answer with the usual JSON error body from ASGI middleware, and close."""
     body = json.dumps({"code": code, "message": message, "fields": fields}).encode()
@@ -23,6 +29,7 @@ async def send_error(
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
                 (b"connection", b"close"),
+                *(headers or []),
             ],
         }
     )
