@@ -13,7 +13,7 @@ from allotment.api.audit import AuditTrail
 from allotment.api.dashboard import router as dashboard_router
 from allotment.api.errors import install_error_handlers
 from allotment.api.gate import AdminTokenGate, AfterWrite
-from allotment.api.limits import MAX_BODY_BYTES, BodyLimit
+from allotment.api.limits import MAX_BODY_BYTES, BodyLimit, RefuseNul
 from allotment.api.ratelimit import RateLimit, RateLimiter
 from allotment.api.routes import router
 from allotment.api.service import JobService
@@ -59,6 +59,7 @@ def create_app(
     if after_write is not None:
         app.add_middleware(AfterWrite, hook=after_write)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(RefuseNul)
     if admin_token_digest is not None:
         app.add_middleware(AdminTokenGate, digest=admin_token_digest)
     if audit:

@@ -86,7 +86,9 @@ def classify(method: str, path: str) -> tuple[str, str] | None:
 
 
 def _text(value: object, cap: int) -> str:
-    return str(value)[:cap]
+    """``value`` as text for a record: at most ``cap`` characters, NUL shown as ``\\0``
+    (PostgreSQL keeps no NUL in text, and a record must never fail to be written)."""
+    return str(value).replace("\x00", "\\0")[:cap]
 
 
 def principal_of(state: object) -> tuple[str, str | None]:

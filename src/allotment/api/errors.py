@@ -12,6 +12,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from allotment.domain.errors import (
     AllotmentError,
@@ -67,6 +69,43 @@ async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at the request's path (not only the first route
+    that matched it, as the router's own ``Allow`` would say)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches({**request.scope, "method": "GET"})
+        route_methods = getattr(route, "methods", None)
+        if match is not Match.NONE and route_methods:
+            methods.update(route_methods)
+    return sorted(methods)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    """Routing errors (no such path, method not allowed) in the usual JSON shape."""
+    assert isinstance(exc, HTTPException)
+    code = HTTP_CODES.get(exc.status_code, "http_error")
+    headers = dict(exc.headers or {})
+    fields: dict[str, Any] = {}
+    if exc.status_code == 405:
+        allowed = allowed_methods(request)
+        headers["Allow"] = ", ".join(allowed)
+        fields["allowed"] = allowed
+        message = f"{request.method} is not allowed on {request.url.path}; use " + (
+            ", ".join(allowed) or "nothing"
+        )
+    elif exc.status_code == 404:
+        message = f"no such endpoint: {request.url.path}"
+    else:
+        message = str(exc.detail)
+    response = error_response(exc.status_code, code, message, fields)
+    response.headers.update(headers)
+    return response
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return error_response(500, "internal", "internal error; the server log has the detail", {})
@@ -76,4 +115,5 @@ def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers on ``app``."""
     app.add_exception_handler(AllotmentError, _allotment_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected)

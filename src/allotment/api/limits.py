@@ -92,3 +92,26 @@ class BodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+class RefuseNul:
+    """ASGI middleware: refuse (400, ``invalid_request``) a path or query string holding
+    a NUL character, which no name holds and PostgreSQL cannot even compare."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path = str(scope.get("path", ""))
+            query = bytes(scope.get("query_string", b"")).lower()
+            if "\x00" in path or b"%00" in query or b"\x00" in query:
+                await send_error(
+                    send,
+                    400,
+                    "invalid_request",
+                    "the request's path or query holds a NUL character (%00)",
+                    {},
+                )
+                return
+        await self.app(scope, receive, send)

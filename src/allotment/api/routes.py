@@ -15,6 +15,8 @@ from allotment.domain.lifecycle import JobState
 
 MAX_PAGE = 500
 MAX_ID = 2**63 - 1
+MAX_OFFSET = 2**62
+MAX_ATTEMPT = 2**31 - 1
 DEFAULT_LOG_CHUNK = 64 * 1024
 
 ERRORS: dict[int | str, dict[str, object]] = {
@@ -75,9 +77,9 @@ def logs(
     svc: Service,
     replica: str | None = None,
     stream: Literal["out", "err"] = "out",
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_CHUNK)] = DEFAULT_LOG_CHUNK,
-    attempt: Annotated[int | None, Query(ge=1)] = None,
+    attempt: Annotated[int | None, Query(ge=1, le=MAX_ATTEMPT)] = None,
 ) -> schemas.LogChunk:
     return svc.logs(
         job_id=job_id, attempt=attempt, replica=replica, stream=stream, offset=offset, limit=limit
