@@ -136,3 +136,38 @@ def test_hostile_yaml_is_refused_with_a_clear_4xx(http: httpx.Client, case: str)
     assert body["code"] == "invalid_config"
     assert word in body["message"]
     assert http.get("/jobs").json()["jobs"] == []
+
+
+def test_wrong_method_is_405_with_every_allowed_method(http: httpx.Client) -> None:
+    response = http.delete("/jobs")
+    assert response.status_code == 405
+    assert response.headers["allow"] == "GET, POST"
+    body = response.json()
+    assert body["code"] == "method_not_allowed" and body["fields"]["allowed"] == ["GET", "POST"]
+
+
+def test_unknown_path_is_404_in_the_usual_shape(http: httpx.Client) -> None:
+    body = http.get("/no/such/thing").json()
+    assert body["code"] == "not_found" and "/api/v1/no/such/thing" in body["message"]
+
+
+@pytest.mark.parametrize("url", ["/jobs/a%00b", "/jobs?queue=%00", "/audit?user=x%00"])
+def test_nul_in_path_or_query_is_400(http: httpx.Client, url: str) -> None:
+    response = http.get(url)
+    assert response.status_code == 400 and response.json()["code"] == "invalid_request"
+
+
+def test_nul_in_a_job_file_is_refused(http: httpx.Client) -> None:
+    spec = '{"name": "a\\u0000b", "queue": "default", "replicas": []}'
+    body = http.post("/jobs", json={"spec": spec}).json()
+    assert body["code"] == "invalid_config" and "NUL" in body["message"]
+
+
+def test_huge_attempt_and_offset_are_422_not_500(http: httpx.Client) -> None:
+    job = http.post(
+        "/jobs",
+        json={"spec": "name: t\nqueue: default\nreplicas: [{name: w, count: 1}]\ncommand: [x]\n"},
+    ).json()["id"]
+    for params in ({"attempt": 2**70}, {"offset": 2**70}):
+        response = http.get(f"/jobs/{job}/logs", params=params)
+        assert response.status_code == 422, params

@@ -7,13 +7,13 @@ unexpected is a 500 with code ``internal`` and no stack trace in the body.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
-from starlette.routing import Match
 
 from allotment.domain.errors import (
     AllotmentError,
@@ -70,17 +70,18 @@ async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
 
 
 HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 def allowed_methods(request: Request) -> list[str]:
-    """Every method some route serves at the request's path (not only the first route
-    that matched it, as the router's own ``Allow`` would say)."""
+    """Every method the API documents at the request's path (the router's own ``Allow``
+    names only the first route that matched the path)."""
     methods: set[str] = set()
-    for route in request.app.router.routes:
-        match, _ = route.matches({**request.scope, "method": "GET"})
-        route_methods = getattr(route, "methods", None)
-        if match is not Match.NONE and route_methods:
-            methods.update(route_methods)
+    paths: dict[str, dict[str, Any]] = request.app.openapi().get("paths", {})
+    for template, operations in paths.items():
+        pattern = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template))
+        if re.fullmatch(pattern, request.url.path):
+            methods.update(m.upper() for m in operations if m.upper() in HTTP_METHODS)
     return sorted(methods)
 
 
