@@ -224,3 +224,29 @@ def test_disabled_audit_records_nothing(tmp_path: Path) -> None:
         client.submit(JOB)
         assert client.audit()["records"] == []
     eng.dispose()
+
+
+def test_a_refused_token_is_recorded_as_denied(tmp_path: Path) -> None:
+    from allotment.api.gate import token_digest
+    from allotment.store.db import make_engine
+
+    eng = make_engine(f"sqlite:///{tmp_path / 'a.db'}")
+    migrate.upgrade(eng)
+    app = create_app(
+        cluster=load_cluster(EXAMPLES / "cluster-local.yaml"),
+        store_sessions=session_factory(eng),
+        clock=FakeClock(),
+        admin_token_digest=token_digest("sesame"),
+    )
+    with serve(app) as url:
+        with AllotmentClient(url, "wrong") as intruder, pytest.raises(ClientError):
+            intruder.submit(JOB)
+        with AllotmentClient(url, "sesame") as admin:
+            (record,) = admin.audit()["records"][:1]
+    assert (record["action"], record["result"], record["user"]) == (
+        "job.submit",
+        "denied",
+        "anonymous",
+    )
+    assert record["detail"]["code"] == "unauthenticated"
+    eng.dispose()

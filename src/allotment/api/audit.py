@@ -149,6 +149,9 @@ class AuditTrail:
         if what is None:
             await self.app(scope, receive, send)
             return
+        # Made here so that what authentication puts on request.state is seen here even
+        # where a router below passes on a copy of the scope (the copy shares this dict).
+        scope.setdefault("state", {})
         status = 500
         chunks: list[bytes] = []
         size = 0
