@@ -218,6 +218,41 @@ class AllotmentClient:
         body: dict[str, Any] = self._request("DELETE", f"/tokens/{token_id}")
         return body
 
+    def audit(
+        self,
+        *,
+        user: str | None = None,
+        tenant: str | None = None,
+        action: str | None = None,
+        object: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int = 100,
+        after: int | None = None,
+    ) -> dict[str, Any]:
+        """One page of audit records by id: ``{"records": [...], "next_after"}``, each
+        ``{id, at, user, tenant, action, object, source, result, detail, prev_hash,
+        hash}``; ``since``/``until`` are seconds since the epoch."""
+        given = {
+            "user": user,
+            "tenant": tenant,
+            "action": action,
+            "object": object,
+            "since": since,
+            "until": until,
+            "after": after,
+        }
+        params: dict[str, str | int | float] = {"limit": limit}
+        params.update({k: v for k, v in given.items() if v is not None})
+        body: dict[str, Any] = self._request("GET", "/audit", params=params)
+        return body
+
+    def verify_audit(self) -> dict[str, Any]:
+        """Check the audit chain: ``{ok, first_bad: {id, problem} or None, checked,
+        head_hash}``."""
+        body: dict[str, Any] = self._request("GET", "/audit/verify")
+        return body
+
     def health(self) -> dict[str, Any]:
         body: dict[str, Any] = self._request("GET", "/healthz")
         return body

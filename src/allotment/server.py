@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from allotment.api.app import create_app
 from allotment.api.auth import AdminDigest, FirstOf, StoreTokens, token_digest
+from allotment.api.ratelimit import SERVER_DEFAULT, RateLimit
 from allotment.clientconfig import read_client_config, write_client_config
 from allotment.control.leading import LeaderElection
 from allotment.control.loop import DEFAULT_STOP_GRACE_S, ControlLoop
@@ -82,6 +83,8 @@ class ServerOptions:
     tick_s: float = DEFAULT_TICK_S
     reconcile_every_s: float = DEFAULT_RECONCILE_EVERY_S
     stop_grace_s: float = DEFAULT_STOP_GRACE_S
+    rate_limit: RateLimit | None = SERVER_DEFAULT
+    """Requests per API token; None: unlimited."""
 
     @property
     def database_url(self) -> str:
@@ -197,6 +200,7 @@ class Server:
             ),
             after_write=self.election.wake,
             work_root=self.work_root,
+            rate_limit=options.rate_limit,
         )
         self.app.state.on_cluster_change = self.replace_cluster
         self.election.start()

@@ -65,6 +65,8 @@ MATRIX: dict[str, dict[str, Cell]] = {
     "DELETE /api/v1/tokens/{token_id}": row(
         (200, 200), (200, 404), (403, 404), (403, 404), (401, 401)
     ),
+    "GET /api/v1/audit": row((200, 200), (200, 200), (403, 403), (403, 403), (401, 401)),
+    "GET /api/v1/audit/verify": PLATFORM_ONLY,
     "GET /api/v1/healthz": OPEN,
     "GET /": READ,
     "GET /openapi.json": OPEN,
@@ -137,6 +139,7 @@ BUILD: dict[str, Callable[[World, str], Request]] = {
     "GET /api/v1/jobs/{job_id}/why": lambda w, t: ("GET", f"/api/v1/jobs/{w.job(t)}/why", None),
     "GET /api/v1/jobs/{job_id}/logs": lambda w, t: ("GET", f"/api/v1/jobs/{w.job(t)}/logs", None),
     "PUT /api/v1/cluster": lambda w, t: ("PUT", "/api/v1/cluster", {"text": CLUSTER}),
+    "GET /api/v1/audit": lambda w, t: ("GET", f"/api/v1/audit?tenant={t}", None),
     "POST /api/v1/tokens": lambda w, t: (
         "POST",
         "/api/v1/tokens",

@@ -127,10 +127,10 @@ def test_logs_never_leave_the_jobs_directory(live: Live, api: AllotmentClient) -
     live.until(job, {S.SUCCEEDED})
     secret = live.work_root.parent / "secret.txt"
     secret.write_text("do not show")
-    out = log_path(live.work_root, job, 1, "worker", 0, "out")
+    out = log_path(live.work_root, "me", job, 1, "worker", 0, "out")
     out.unlink()
     out.symlink_to(secret)
-    assert out.parent == logs_dir(live.work_root, job, 1)
+    assert out.parent == logs_dir(live.work_root, "me", job, 1)
     with pytest.raises(ClientError) as caught:
         api.logs(job)
     assert caught.value.status == 404

@@ -84,7 +84,7 @@ def test_a_job_that_ignores_sigterm_is_killed_after_the_grace(
     job_id = submit(code)
     loop.cycle()
     assert run_until(loop, sessions, job_id, {S.RUNNING}) is S.RUNNING
-    log = log_path(loop.work_root, job_id, 1, "worker", 0, "out")
+    log = log_path(loop.work_root, "me", job_id, 1, "worker", 0, "out")
     wait_until(lambda: "ready" in log.read_text(), "the handler installed")
     cancel(sessions, job_id)
     started = time.monotonic()

@@ -53,7 +53,7 @@ def test_a_one_gpu_job_runs_to_success_with_its_device(
     [placement] = attempt.allocation
     assert attempt.number == 1 and attempt.pool == "local" and attempt.state == "succeeded"
     assert attempt.end_time is not None and attempt.exit_code == 0
-    log = log_path(loop.work_root, job_id, 1, "worker", 0, "out")
+    log = log_path(loop.work_root, "me", job_id, 1, "worker", 0, "out")
     assert log.read_text().strip() == f"devices={placement['devices'][0]}"
     assert transitions(sessions, job_id) == [
         "submitted",

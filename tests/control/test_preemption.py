@@ -50,7 +50,7 @@ def start_borrower(
     borrower = submit(victim_code(on_term), queue="batch", gpu=2)
     loop.cycle()
     assert run_until(loop, sessions, borrower, {S.RUNNING}) is S.RUNNING
-    log = log_path(loop.work_root, borrower, 1, "worker", 0, "out")
+    log = log_path(loop.work_root, "me", borrower, 1, "worker", 0, "out")
     wait_until(lambda: "ready" in log.read_text(), "the SIGTERM handler installed")
     return borrower
 
@@ -70,7 +70,7 @@ def test_a_victim_is_stopped_requeued_and_completes_later(
 
     loop_until(loop, lambda: attempts(sessions, borrower)[0].end_time is not None, "stopped")
     first = attempts(sessions, borrower)[0]
-    log = log_path(loop.work_root, borrower, 1, "worker", 0, "out")
+    log = log_path(loop.work_root, "me", borrower, 1, "worker", 0, "out")
     if on_term == "exit":
         assert (first.exit_code, first.signal) == (0, None)
         assert "got SIGTERM" in log.read_text()

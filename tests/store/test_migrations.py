@@ -5,7 +5,7 @@ from sqlalchemy import Engine, inspect
 from allotment.store import migrate
 from allotment.store.models import Base
 
-TABLES = {"cluster_configs", "jobs", "attempts", "events", "api_tokens"}
+TABLES = {"cluster_configs", "jobs", "attempts", "events", "api_tokens", "audit_records"}
 
 
 def _tables(engine: Engine) -> set[str]:

@@ -9,11 +9,13 @@ from pathlib import Path
 from fastapi import FastAPI
 from sqlalchemy.orm import Session, sessionmaker
 
+from allotment.api.audit import AuditTrail
 from allotment.api.auth import Authenticator
 from allotment.api.dashboard import router as dashboard_router
 from allotment.api.errors import install_error_handlers
 from allotment.api.gate import AfterWrite
-from allotment.api.limits import MAX_BODY_BYTES, BodyLimit
+from allotment.api.limits import MAX_BODY_BYTES, BodyLimit, RefuseNul
+from allotment.api.ratelimit import RateLimit, RateLimiter
 from allotment.api.routes import open_router, router
 from allotment.api.service import JobService
 from allotment.api.tokens import TokenService
@@ -31,6 +33,8 @@ def create_app(
     after_write: Callable[[], None] | None = None,
     work_root: Path | None = None,
     policy: SchedulerPolicy | None = None,
+    audit: bool = True,
+    rate_limit: RateLimit | None = None,
 ) -> FastAPI:
     """An app serving ``/api/v1`` and the dashboard for ``cluster`` on the store behind
     ``store_sessions``.
@@ -41,9 +45,11 @@ def create_app(
     ``after_write`` is called after each successful write (the server wakes the control
     loop). ``work_root`` is the control loop's (where replica logs are, see
     :mod:`allotment.control.layout`); ``policy`` is the loop's scheduler policy, used to
-    explain waiting jobs. After ``PUT /cluster`` the app calls
-    ``app.state.on_cluster_change(cluster)`` when the composition has set it. Does not
-    start a server or the control loop.
+    explain waiting jobs. ``audit`` records every write and sensitive read in the audit
+    trail (:mod:`allotment.api.audit`), refusals included. ``rate_limit`` turns on a
+    token bucket per API token (:mod:`allotment.api.ratelimit`; off by default). After
+    ``PUT /cluster`` the app calls ``app.state.on_cluster_change(cluster)`` when the
+    composition has set it. Does not start a server or the control loop.
     """
     app = FastAPI(title="Allotment", version="1")
     app.state.service = JobService(
@@ -61,4 +67,9 @@ def create_app(
     if after_write is not None:
         app.add_middleware(AfterWrite, hook=after_write)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(RefuseNul)
+    if audit:
+        app.add_middleware(AuditTrail, sessions=store_sessions, clock=clock)
+    if rate_limit is not None:
+        app.add_middleware(RateLimiter, limit=rate_limit)  # outermost: floods are not audited
     return app

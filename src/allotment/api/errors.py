@@ -7,11 +7,13 @@ unexpected is a 500 with code ``internal`` and no stack trace in the body.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from allotment.domain.errors import (
     AllotmentError,
@@ -79,6 +81,44 @@ async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method the API documents at the request's path (the router's own ``Allow``
+    names only the first route that matched the path)."""
+    methods: set[str] = set()
+    paths: dict[str, dict[str, Any]] = request.app.openapi().get("paths", {})
+    for template, operations in paths.items():
+        pattern = re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template))
+        if re.fullmatch(pattern, request.url.path):
+            methods.update(m.upper() for m in operations if m.upper() in HTTP_METHODS)
+    return sorted(methods)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    """Routing errors (no such path, method not allowed) in the usual JSON shape."""
+    assert isinstance(exc, HTTPException)
+    code = HTTP_CODES.get(exc.status_code, "http_error")
+    headers = dict(exc.headers or {})
+    fields: dict[str, Any] = {}
+    if exc.status_code == 405:
+        allowed = allowed_methods(request)
+        headers["Allow"] = ", ".join(allowed)
+        fields["allowed"] = allowed
+        message = f"{request.method} is not allowed on {request.url.path}; use " + (
+            ", ".join(allowed) or "nothing"
+        )
+    elif exc.status_code == 404:
+        message = f"no such endpoint: {request.url.path}"
+    else:
+        message = str(exc.detail)
+    response = error_response(exc.status_code, code, message, fields)
+    response.headers.update(headers)
+    return response
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return error_response(500, "internal", "internal error; the server log has the detail", {})
@@ -88,4 +128,5 @@ def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers on ``app``."""
     app.add_exception_handler(AllotmentError, _allotment_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected)

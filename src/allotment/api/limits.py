@@ -11,7 +11,13 @@ MAX_BODY_BYTES = 1024 * 1024
 
 
 async def send_error(
-    send: Send, status: int, code: str, message: str, fields: dict[str, Any]
+    send: Send,
+    status: int,
+    code: str,
+    message: str,
+    fields: dict[str, Any],
+    *,
+    headers: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
     """Answer with the usual JSON error body from ASGI middleware, and close."""
     body = json.dumps({"code": code, "message": message, "fields": fields}).encode()
@@ -23,6 +29,7 @@ async def send_error(
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
                 (b"connection", b"close"),
+                *(headers or []),
             ],
         }
     )
@@ -85,3 +92,26 @@ class BodyLimit:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+class RefuseNul:
+    """ASGI middleware: refuse (400, ``invalid_request``) a path or query string holding
+    a NUL character, which no name holds and PostgreSQL cannot even compare."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path = str(scope.get("path", ""))
+            query = bytes(scope.get("query_string", b"")).lower()
+            if "\x00" in path or b"%00" in query or b"\x00" in query:
+                await send_error(
+                    send,
+                    400,
+                    "invalid_request",
+                    "the request's path or query holds a NUL character (%00)",
+                    {},
+                )
+                return
+        await self.app(scope, receive, send)

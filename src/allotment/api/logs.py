@@ -70,8 +70,9 @@ def read_log(
     ended = row.end_time is not None or number < job.attempt
     if work_root is None:
         raise LogsUnavailable("this server keeps no logs: it was started without a work root")
-    base = logs_dir(work_root, job.id, number).resolve()
-    path = log_path(work_root, job.id, number, found.group, found.index, stream).resolve()
+    where = (work_root, job.tenant, job.id, number)
+    base = logs_dir(*where).resolve()
+    path = log_path(*where, found.group, found.index, stream).resolve()
     if not path.is_relative_to(base) or not base.is_relative_to(Path(work_root).resolve()):
         raise NotFound("log", f"{chosen}.{stream}")
     data = b""

@@ -4,7 +4,7 @@ Roles, from the most to the least:
 
 - **platform admin** (role ``admin``, no tenant): everything.
 - **tenant admin** (role ``admin`` of a tenant): what a member may, on any of the
-  tenant's jobs; manages the tenant's tokens.
+  tenant's jobs; manages the tenant's tokens; reads the tenant's audit records.
 - **member**: submits to the tenant's queues (narrowed by a queue's ``submitters``),
   cancels its own jobs, reads the tenant's jobs, logs and queues.
 - **viewer**: reads the tenant's jobs, logs and queues.
@@ -36,6 +36,8 @@ class Action(StrEnum):
     CLUSTER_APPLY = "applying a cluster configuration"
     TOKEN_READ = "listing tokens"
     TOKEN_MANAGE = "issuing or revoking tokens"
+    AUDIT_READ = "reading the audit trail"
+    AUDIT_VERIFY = "verifying the whole audit chain"
 
 
 PLATFORM = None
@@ -49,6 +51,8 @@ RULES: dict[Action, Role | None] = {
     Action.JOB_CANCEL: Role.MEMBER,  # its own jobs; a tenant admin any of the tenant's
     Action.TOKEN_READ: Role.ADMIN,
     Action.TOKEN_MANAGE: Role.ADMIN,
+    Action.AUDIT_READ: Role.ADMIN,  # a tenant admin: its tenant's records only
+    Action.AUDIT_VERIFY: PLATFORM,  # the chain spans every tenant
     Action.CLUSTER_READ: PLATFORM,
     Action.CLUSTER_APPLY: PLATFORM,
 }

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Depends, Query, Request
 
-from allotment.api import schemas
+from allotment.api import audit, schemas
 from allotment.api.access import CurrentPrincipal, Service, Tokens, allowed, on_job, principal
 from allotment.api.auth import Principal
 from allotment.api.logs import MAX_CHUNK
@@ -23,6 +23,9 @@ from allotment.domain.cluster import Cluster, Queue
 from allotment.domain.lifecycle import JobState
 
 MAX_PAGE = 500
+MAX_ID = 2**63 - 1
+MAX_OFFSET = 2**62
+MAX_ATTEMPT = 2**31 - 1
 DEFAULT_LOG_CHUNK = 64 * 1024
 
 ERRORS: dict[int | str, dict[str, object]] = {
@@ -39,6 +42,8 @@ QueueReader = Annotated[Principal, Depends(allowed(Action.QUEUE_READ))]
 FleetReader = Annotated[Principal, Depends(allowed(Action.FLEET_READ))]
 ClusterReader = Annotated[Principal, Depends(allowed(Action.CLUSTER_READ))]
 ClusterApplier = Annotated[Principal, Depends(allowed(Action.CLUSTER_APPLY))]
+AuditReader = Annotated[Principal, Depends(allowed(Action.AUDIT_READ))]
+AuditVerifier = Annotated[Principal, Depends(allowed(Action.AUDIT_VERIFY))]
 
 
 def queue_owned(queue: Queue) -> Owned:
@@ -114,9 +119,9 @@ def logs(
     _: Reader,
     replica: str | None = None,
     stream: Literal["out", "err"] = "out",
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_CHUNK)] = DEFAULT_LOG_CHUNK,
-    attempt: Annotated[int | None, Query(ge=1)] = None,
+    attempt: Annotated[int | None, Query(ge=1, le=MAX_ATTEMPT)] = None,
 ) -> schemas.LogChunk:
     return svc.logs(
         job_id=job_id, attempt=attempt, replica=replica, stream=stream, offset=offset, limit=limit
@@ -169,6 +174,40 @@ def list_tokens(tokens: Tokens, who: CurrentPrincipal) -> schemas.TokenList:
 @router.delete("/tokens/{token_id}", response_model=schemas.TokenOut)
 def revoke_token(token_id: str, tokens: Tokens, who: CurrentPrincipal) -> schemas.TokenOut:
     return tokens.revoke(who, token_id)
+
+
+@router.get("/audit", response_model=schemas.AuditPage)
+def audit_records(
+    svc: Service,
+    who: AuditReader,
+    user: str | None = None,
+    tenant: str | None = None,
+    action: str | None = None,
+    object: str | None = None,
+    since: Annotated[float | None, Query(allow_inf_nan=False)] = None,
+    until: Annotated[float | None, Query(allow_inf_nan=False)] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+    after: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
+) -> schemas.AuditPage:
+    """Audit records by id, filtered; a tenant's principal sees only its tenant's."""
+    return audit.list_audit(
+        svc.sessions,
+        visible_tenant=visible_tenant(who),
+        user=user,
+        tenant=tenant,
+        action=action,
+        object=object,
+        since=since,
+        until=until,
+        after=after,
+        limit=limit,
+    )
+
+
+@router.get("/audit/verify", response_model=schemas.AuditVerifyOut)
+def audit_verify(svc: Service, who: AuditVerifier) -> schemas.AuditVerifyOut:
+    """Check the audit chain; name the first edited, deleted or reordered record."""
+    return audit.verify_audit(svc.sessions)
 
 
 @open_router.get("/healthz", response_model=schemas.Health)

@@ -336,3 +336,40 @@ class TokenIssued(TokenOut):
 
 class TokenList(Output):
     tokens: list[TokenOut]
+
+
+class AuditRecordOut(Output):
+    """One audited API call."""
+
+    id: int
+    at: float
+    user: str
+    tenant: str | None
+    action: str
+    object: str
+    source: str
+    result: str
+    """``ok``, ``denied``, or the error code."""
+    detail: dict[str, Any] = Field(default_factory=dict)
+    prev_hash: str
+    hash: str
+
+
+class AuditPage(Output):
+    records: list[AuditRecordOut]
+    next_after: int | None = None
+
+
+class AuditProblem(Output):
+    id: int
+    problem: str
+
+
+class AuditVerifyOut(Output):
+    """The chain checked from its first record: ``first_bad`` is the first record found
+    edited, deleted or out of order (``None`` when intact)."""
+
+    ok: bool
+    first_bad: AuditProblem | None
+    checked: int
+    head_hash: str

@@ -20,10 +20,11 @@ from allotment.api.logs import read_log
 from allotment.api.policy import Owned
 from allotment.control.layout import Stream
 from allotment.domain.cluster import Cluster, PriorityClass, Queue
-from allotment.domain.errors import ConfigError, Issue
+from allotment.domain.errors import ConfigError, Issue, MountNotAllowed
 from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import JobState
 from allotment.domain.loading import check_job, load_cluster_text, load_job_text
+from allotment.domain.scopes import check_mounts
 from allotment.scheduler.snapshot import SchedulerPolicy
 from allotment.store import configs as config_store
 from allotment.store import jobs as job_store
@@ -77,6 +78,16 @@ def event_out(event: Event) -> schemas.EventOut:
         message=event.message,
         detail=dict(event.detail or {}),
     )
+
+
+def check_data_scopes(spec: JobSpec, cluster: Cluster, tenant: str) -> None:
+    """Raise :class:`MountNotAllowed` (422) when ``spec`` mounts anything outside the
+    data scopes of ``tenant`` (the tenant of the job's queue)."""
+    declared = cluster.tenants.get(tenant)
+    scopes = list(declared.data_scopes) if declared is not None else []
+    issues = check_mounts(spec.mounts, scopes, tenant=tenant)
+    if issues:
+        raise MountNotAllowed(issues, tenant=tenant, scopes=scopes, source=SPEC_SOURCE)
 
 
 class JobService:
@@ -148,6 +159,7 @@ class JobService:
         if issues:
             raise ConfigError(issues, source=source)
         queue = self.cluster.queues[spec.queue]
+        check_data_scopes(spec, self.cluster, queue.tenant or DEFAULT_TENANT)
         priority = self.cluster.priority_class_for(queue, spec.priority_class)
         assert priority is not None  # check_job reported otherwise
         return spec, queue, priority

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from allotment.cli import live, tokens, up
+from allotment.cli import audit, live, tokens, up
 from allotment.cli.common import Output, OutputOption, print_error, print_json
 from allotment.domain.errors import AllotmentError, ConfigError, InvalidInput
 from allotment.domain.loading import check_job, load_cluster, load_job
@@ -330,6 +330,7 @@ def _jobs_out_path(path: str, policy: str, *, several: bool) -> Path:
 up.register(app)
 live.register(app)
 tokens.register(app)
+audit.register(app)
 
 
 def main() -> None:

@@ -1,8 +1,10 @@
 """Where an attempt's files live under the work root, for the loop and the API alike.
 
-``work_root/<job>/<attempt>/`` is the attempt's working directory; its replicas write
-``logs/<replica>-<index>.out`` and ``.err`` there. The job id and the replica name are
-percent-quoted (and ``.`` too), so no name can step outside its own directory.
+``work_root/<tenant>/<job>/<attempt>/`` is the attempt's working directory; its replicas
+write ``logs/<replica>-<index>.out`` and ``.err`` there. Tenant, job id and replica name
+are percent-quoted (and ``.`` too), so no name can step outside its own directory. The
+loop creates these directories with :func:`make_private` (mode ``0o700``): one tenant's
+files sit apart from another's, readable by the server's user alone.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from urllib.parse import quote
 Stream = Literal["out", "err"]
 STREAMS: tuple[Stream, ...] = ("out", "err")
 LOGS = "logs"
+PRIVATE = 0o700
 
 
 def segment(name: str) -> str:
@@ -21,18 +24,23 @@ def segment(name: str) -> str:
     return quote(name, safe="").replace(".", "%2E")
 
 
-def job_dir(work_root: Path, job_id: str) -> Path:
-    return Path(work_root) / segment(job_id)
+def tenant_dir(work_root: Path, tenant: str) -> Path:
+    """The root of one tenant's files."""
+    return Path(work_root) / segment(tenant)
 
 
-def attempt_dir(work_root: Path, job_id: str, attempt: int) -> Path:
+def job_dir(work_root: Path, tenant: str, job_id: str) -> Path:
+    return tenant_dir(work_root, tenant) / segment(job_id)
+
+
+def attempt_dir(work_root: Path, tenant: str, job_id: str, attempt: int) -> Path:
     """The attempt's working directory."""
-    return job_dir(work_root, job_id) / str(int(attempt))
+    return job_dir(work_root, tenant, job_id) / str(int(attempt))
 
 
-def logs_dir(work_root: Path, job_id: str, attempt: int) -> Path:
+def logs_dir(work_root: Path, tenant: str, job_id: str, attempt: int) -> Path:
     """The directory holding the attempt's replica logs."""
-    return attempt_dir(work_root, job_id, attempt) / LOGS
+    return attempt_dir(work_root, tenant, job_id, attempt) / LOGS
 
 
 def replica_name(replica: str, index: int) -> str:
@@ -41,10 +49,29 @@ def replica_name(replica: str, index: int) -> str:
 
 
 def log_path(
-    work_root: Path, job_id: str, attempt: int, replica: str, index: int, stream: Stream
+    work_root: Path,
+    tenant: str,
+    job_id: str,
+    attempt: int,
+    replica: str,
+    index: int,
+    stream: Stream,
 ) -> Path:
     """The file one replica's ``stream`` (``out`` or ``err``) is written to."""
     if stream not in STREAMS:
         raise ValueError(f"unknown stream {stream!r}")
     name = f"{segment(replica_name(replica, index))}.{stream}"
-    return logs_dir(work_root, job_id, attempt) / name
+    return logs_dir(work_root, tenant, job_id, attempt) / name
+
+
+def make_private(work_root: Path, directory: Path) -> None:
+    """Create ``directory`` (below ``work_root``) and every missing directory between,
+    ``work_root`` included, with mode ``0o700``. Raises ``OSError``."""
+    root = Path(work_root)
+    relative = Path(directory).relative_to(root)
+    current = root
+    for part in ("", *relative.parts):
+        current = current / part if part else current
+        if not current.is_dir():
+            current.mkdir(mode=PRIVATE, exist_ok=True)
+            current.chmod(PRIVATE)  # mkdir's mode is masked by the umask

@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
 from allotment.control.allocations import allocation_json, placements_from_json, replica_keys
-from allotment.control.layout import attempt_dir, log_path, logs_dir
+from allotment.control.layout import attempt_dir, log_path, logs_dir, make_private
 from allotment.control.retries import finish_attempt
 from allotment.control.views import open_attempts, pending_of, pending_rows, running_of
 from allotment.domain.cluster import Cluster
@@ -86,7 +86,8 @@ class ControlLoop:
 
     ``store_sessions`` makes database sessions; ``clock`` returns seconds since the
     epoch and must not go backwards. ``work_root`` holds each attempt's working
-    directory (``work_root/<job>/<attempt>``). Nothing is read before the first call.
+    directory (``work_root/<tenant>/<job>/<attempt>``, mode 0o700). Nothing is read
+    before the first call.
     """
 
     def __init__(
@@ -279,14 +280,20 @@ class ControlLoop:
         moves: list[Move] = []
         with self.store_sessions() as db:
             rows = [
-                (job.id, JobSpec.model_validate(job.spec), attempt.number, attempt.allocation)
+                (
+                    job.id,
+                    job.tenant,
+                    JobSpec.model_validate(job.spec),
+                    attempt.number,
+                    attempt.allocation,
+                )
                 for job, attempt in open_attempts(db)
                 if job.state == _S.ADMITTED.value
             ]
         if not rows:
             return moves
         launched: list[tuple[str, JobSpec, int, list[Any], int, str | None]] = []
-        for job_id, spec, number, allocation in rows:
+        for job_id, tenant, spec, number, allocation in rows:
             placements = placements_from_json(allocation)
             failure: str | None = None
             if not spec.command:
@@ -294,7 +301,7 @@ class ControlLoop:
             else:
                 try:
                     for placement in placements:
-                        self.executor.launch(self._request(job_id, spec, number, placement))
+                        self.executor.launch(self._request(job_id, tenant, spec, number, placement))
                 except OSError as exc:
                     failure = f"launch failed: {exc}"
             launched.append((job_id, spec, number, allocation, len(placements), failure))
@@ -336,11 +343,11 @@ class ControlLoop:
         return moves
 
     def _request(
-        self, job_id: str, spec: JobSpec, number: int, placement: ReplicaPlacement
+        self, job_id: str, tenant: str, spec: JobSpec, number: int, placement: ReplicaPlacement
     ) -> LaunchRequest:
-        workdir = attempt_dir(self.work_root, job_id, number)
-        logs_dir(self.work_root, job_id, number).mkdir(parents=True, exist_ok=True)
-        where = (self.work_root, job_id, number, placement.group, placement.index)
+        workdir = attempt_dir(self.work_root, tenant, job_id, number)
+        make_private(self.work_root, logs_dir(self.work_root, tenant, job_id, number))
+        where = (self.work_root, tenant, job_id, number, placement.group, placement.index)
         memory = placement.resources.get(MEMORY, 0) // 1000
         cpu = placement.resources.get(CPU, 0)
         env = {

@@ -10,6 +10,7 @@ handler; the CLI prints ``message``.
     ├── InvalidInput (ValueError)            code=invalid_input
     │   ├── InvalidQuantity                  code=invalid_quantity
     │   ├── ConfigError                      code=invalid_config   (a list of issues)
+    │   │   └── MountNotAllowed              code=mount_not_allowed (outside the data scopes)
     │   └── IllegalTransition                code=illegal_transition
     ├── NotFound (LookupError)               code=not_found
     ├── Conflict                             code=conflict
@@ -94,6 +95,19 @@ class ConfigError(InvalidInput):
                 ],
             },
         )
+
+
+class MountNotAllowed(ConfigError):
+    """A job mounts a path outside its tenant's data scopes."""
+
+    code = "mount_not_allowed"
+
+    def __init__(
+        self, issues: list[Issue], *, tenant: str, scopes: list[str], source: str | None = None
+    ) -> None:
+        super().__init__(issues, source=source)
+        self.fields["tenant"] = tenant
+        self.fields["scopes"] = list(scopes)
 
 
 class IllegalTransition(InvalidInput):

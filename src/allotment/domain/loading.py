@@ -105,10 +105,27 @@ def _walk(
         for key, value in node.value:
             name = str(key.value)
             lines[(*path, name)] = key.start_mark.line + 1
+            _refuse_nul(name, (*path, name), key)
             _walk(value, (*path, name), lines, depth + 1, seen)
+    elif isinstance(node, yaml.ScalarNode):
+        _refuse_nul(str(node.value), path, node)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             _walk(item, (*path, str(i)), lines, depth + 1, seen)
+
+
+def _refuse_nul(value: str, path: tuple[str, ...], node: yaml.Node) -> None:
+    """No NUL characters (``"\\0"``, ``"\\u0000"``): no store keeps them in text."""
+    if "\x00" in value:
+        raise ConfigError(
+            [
+                Issue(
+                    path=".".join(path),
+                    message="contains a NUL character (\\0), which no name or text may hold",
+                    line=node.start_mark.line + 1,
+                )
+            ]
+        )
 
 
 def _yaml_error(exc: yaml.YAMLError, source: str | None) -> ConfigError:

@@ -156,3 +156,34 @@ class ApiToken(Base):
     created_by: Mapped[str] = mapped_column(String(NAME))
 
     __table_args__ = (Index("ix_api_tokens_tenant", "tenant", "created_at"),)
+
+
+class AuditRecord(Base):
+    """One audited API call: who did what to which object, from where, and the result.
+
+    Append-only and hash-chained (see :mod:`allotment.store.audit`): ``hash`` is the
+    SHA-256 of the record's canonical JSON including ``prev_hash``, the previous record's
+    ``hash``. Ids are consecutive from 1, assigned under the chain lock.
+    """
+
+    __tablename__ = "audit_records"
+
+    id: Mapped[int] = mapped_column(EventId, primary_key=True, autoincrement=False)
+    at: Mapped[float] = mapped_column(Float)
+    user: Mapped[str] = mapped_column(String(NAME))
+    tenant: Mapped[str | None] = mapped_column(String(NAME))
+    action: Mapped[str] = mapped_column(String(64))
+    object: Mapped[str] = mapped_column(String(512))
+    source: Mapped[str] = mapped_column(String(128))
+    """The client's address."""
+    result: Mapped[str] = mapped_column(String(64))
+    """``ok``, ``denied``, or the error code."""
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64))
+
+    __table_args__ = (
+        Index("ix_audit_records_at", "at"),
+        Index("ix_audit_records_tenant_at", "tenant", "at"),
+        Index("ix_audit_records_user_at", "user", "at"),
+    )
