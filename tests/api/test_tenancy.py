@@ -159,3 +159,14 @@ def test_tokens_are_issued_listed_and_refused_with_a_reason(stack: tuple[Live, P
         answer = status(token)
         assert answer.status_code == 401
         assert (answer.json()["code"], answer.json()["fields"]["why"]) == ("unauthenticated", why)
+
+
+def test_an_unknown_queue_names_only_the_queues_the_caller_may_use(
+    stack: tuple[Live, People],
+) -> None:
+    _, people = stack
+    error = refused(lambda: people["bob"].submit(job("nowhere")), 422, "invalid_config")
+    assert "vision-q" in error.message
+    assert "nlp-q" not in error.message and "vision-solo" not in error.message
+    error = refused(lambda: people["nick"].submit(job("nowhere")), 422, "invalid_config")
+    assert "nlp-q" in error.message and "vision" not in error.message

@@ -20,7 +20,7 @@ from allotment.api.logs import read_log
 from allotment.api.policy import Owned
 from allotment.control.layout import Stream
 from allotment.domain.cluster import Cluster, PriorityClass, Queue
-from allotment.domain.errors import ConfigError, Issue, MountNotAllowed
+from allotment.domain.errors import AllotmentError, ConfigError, Issue, MountNotAllowed
 from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import JobState
 from allotment.domain.loading import check_job, load_cluster_text, load_job_text
@@ -90,6 +90,23 @@ def check_data_scopes(spec: JobSpec, cluster: Cluster, tenant: str) -> None:
         raise MountNotAllowed(issues, tenant=tenant, scopes=scopes, source=SPEC_SOURCE)
 
 
+def _usable_by(may_submit: Callable[[Queue], None] | None) -> Callable[[Queue], bool] | None:
+    """``may_submit`` as a test: the queues named in an error are only those the
+    submitter may use (another tenant's must not leak)."""
+    if may_submit is None:
+        return None
+    check = may_submit
+
+    def usable(queue: Queue) -> bool:
+        try:
+            check(queue)
+        except AllotmentError:
+            return False
+        return True
+
+    return usable
+
+
 class JobService:
     """The API's operations on one cluster and one store."""
 
@@ -155,7 +172,7 @@ class JobService:
         spec = load_job_text(spec_text, source=source)
         if may_submit is not None and spec.queue in self.cluster.queues:
             may_submit(self.cluster.queues[spec.queue])
-        issues: list[Issue] = check_job(spec, self.cluster)
+        issues: list[Issue] = check_job(spec, self.cluster, usable=_usable_by(may_submit))
         if issues:
             raise ConfigError(issues, source=source)
         queue = self.cluster.queues[spec.queue]

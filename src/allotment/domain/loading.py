@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Callable
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
@@ -20,7 +21,7 @@ from typing import Annotated, Any, TypeVar, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from allotment.domain.cluster import Cluster, ClusterFile
+from allotment.domain.cluster import Cluster, ClusterFile, Queue
 from allotment.domain.errors import ConfigError, InvalidInput, Issue
 from allotment.domain.job import JobSpec
 
@@ -296,12 +297,15 @@ def load_job(path: str | Path) -> JobSpec:
     return load_job_text(_read(path), source=str(path))
 
 
-def check_job(job: JobSpec, cluster: Cluster) -> list[Issue]:
-    """What is wrong with ``job`` on ``cluster``: unknown queue (listing the leaves),
-    a non-leaf queue, disallowed priority class or pools. Empty when acceptable."""
+def check_job(
+    job: JobSpec, cluster: Cluster, *, usable: Callable[[Queue], bool] | None = None
+) -> list[Issue]:
+    """What is wrong with ``job`` on ``cluster``: unknown queue (listing the leaves the
+    submitter may use: all, or those ``usable`` accepts), a non-leaf queue, disallowed
+    priority class or pools. Empty when acceptable."""
     issues: list[Issue] = []
     queue = cluster.queues.get(job.queue)
-    leaves = sorted(q.name for q in cluster.leaves)
+    leaves = sorted(q.name for q in cluster.leaves if usable is None or usable(q))
     if queue is None:
         issues.append(
             Issue(
