@@ -33,17 +33,15 @@ from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
 from allotment.control.allocations import allocation_json, placements_from_json, replica_keys
-from allotment.control.layout import attempt_dir, log_path, logs_dir, make_private
+from allotment.control.launch import launch_request
 from allotment.control.retries import finish_attempt
 from allotment.control.views import open_attempts, pending_of, pending_rows, running_of
 from allotment.domain.cluster import Cluster
 from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import ACTIVE, FailureClass, JobState
 from allotment.domain.reasons import Reason
-from allotment.domain.resources import CPU, MEMORY
 from allotment.executors.base import (
     Executor,
-    LaunchRequest,
     ReplicaKey,
     ReplicaPhase,
     ReplicaStatus,
@@ -53,7 +51,6 @@ from allotment.scheduler.decisions import Decisions
 from allotment.scheduler.session import Session
 from allotment.scheduler.snapshot import (
     PendingJob,
-    ReplicaPlacement,
     RunningJob,
     SchedulerPolicy,
 )
@@ -301,7 +298,9 @@ class ControlLoop:
             else:
                 try:
                     for placement in placements:
-                        self.executor.launch(self._request(job_id, tenant, spec, number, placement))
+                        self.executor.launch(
+                            launch_request(self.work_root, job_id, tenant, spec, number, placement)
+                        )
                 except OSError as exc:
                     failure = f"launch failed: {exc}"
             launched.append((job_id, spec, number, allocation, len(placements), failure))
@@ -341,37 +340,6 @@ class ControlLoop:
             if failure is not None:
                 self._stop_keys(replica_keys(job_id, number, allocation))
         return moves
-
-    def _request(
-        self, job_id: str, tenant: str, spec: JobSpec, number: int, placement: ReplicaPlacement
-    ) -> LaunchRequest:
-        workdir = attempt_dir(self.work_root, tenant, job_id, number)
-        make_private(self.work_root, logs_dir(self.work_root, tenant, job_id, number))
-        where = (self.work_root, tenant, job_id, number, placement.group, placement.index)
-        memory = placement.resources.get(MEMORY, 0) // 1000
-        cpu = placement.resources.get(CPU, 0)
-        env = {
-            **spec.env,
-            "ALLOTMENT_JOB_ID": job_id,
-            "ALLOTMENT_ATTEMPT": str(number),
-            "ALLOTMENT_REPLICA": placement.group,
-            "ALLOTMENT_REPLICA_INDEX": str(placement.index),
-        }
-        return LaunchRequest(
-            job_id=job_id,
-            attempt=number,
-            replica=placement.group,
-            index=placement.index,
-            command=list(spec.command),
-            env=env,
-            workdir=workdir,
-            stdout_path=log_path(*where, "out"),
-            stderr_path=log_path(*where, "err"),
-            devices=placement.devices,
-            cpu_millis=cpu or None,
-            memory_bytes=memory or None,
-            max_runtime=spec.max_runtime,
-        )
 
     # ------------------------------------------------------------------ events
 

@@ -212,7 +212,13 @@ def record_reason(session: Session, job_id: str, reason: Reason, *, at: float) -
     from the stored one, so a scheduler cycle that finds the same reason writes nothing.
     Raises :class:`NotFound` for an unknown job.
     """
-    job = get_job(session, job_id)
+    changed = _set_reason(session, get_job(session, job_id), reason, at)
+    session.flush()
+    return changed
+
+
+def _set_reason(session: Session, job: Job, reason: Reason, at: float) -> bool:
+    """Set ``job``'s reason and add its event, unless it is the stored one already."""
     code = reason.code.value
     if job.reason_code == code and job.reason_message == reason.message:
         return False
@@ -232,7 +238,6 @@ def record_reason(session: Session, job_id: str, reason: Reason, *, at: float) -
             detail=reason.to_dict(),
         )
     )
-    session.flush()
     return True
 
 
@@ -259,27 +264,8 @@ def record_reasons(
         if only is not None:
             query = query.where(Job.state.in_(only))
         for job in session.scalars(query):
-            reason = reasons[job.id]
-            code = reason.code.value
-            if job.reason_code == code and job.reason_message == reason.message:
-                continue
-            job.reason_code = code
-            job.reason_message = reason.message
-            job.reason_detail = dict(reason.detail)
-            job.reason_since = at
-            job.updated_at = at
-            session.add(
-                Event(
-                    job_id=job.id,
-                    at=at,
-                    kind=REASON,
-                    from_state=None,
-                    to_state=None,
-                    message=reason.message,
-                    detail=reason.to_dict(),
-                )
-            )
-            changed.append(job.id)
+            if _set_reason(session, job, reasons[job.id], at):
+                changed.append(job.id)
     session.flush()
     return changed
 
