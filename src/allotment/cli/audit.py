@@ -10,8 +10,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from allotment.cli.common import Output, OutputOption, print_error, print_json
-from allotment.cli.live import TokenOption, UrlOption, _console, connect
+from allotment.cli.common import Output, OutputOption, console, print_error, print_json
+from allotment.cli.live import TokenOption, UrlOption, connect
 from allotment.cli.live_render import fitted_table, when
 from allotment.domain.durations import parse_duration
 
@@ -74,7 +74,7 @@ def audit(
     if output is Output.JSON:
         print_json(data)
         return
-    _console().print(audit_table(data["records"]))
+    console().print(audit_table(data["records"]))
     if data.get("next_after"):
         typer.echo(f"(more: raise --limit above {limit} or narrow the filters)", err=True)
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import sys
 from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 
 
 class Output(StrEnum):
@@ -27,3 +29,14 @@ def print_error(message: str) -> None:
 
 def print_json(data: Any) -> None:
     typer.echo(json.dumps(data, indent=2))
+
+
+PIPED_WIDTH = 200
+"""Columns when the output is not a terminal: whole lines for grep and files."""
+
+
+def console() -> Console:
+    """Where tables go: the terminal's width, or :data:`PIPED_WIDTH` when piped."""
+    if sys.stdout.isatty():
+        return Console(highlight=False)
+    return Console(highlight=False, width=PIPED_WIDTH)

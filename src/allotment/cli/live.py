@@ -9,7 +9,6 @@ to start one.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,10 +17,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console, RenderableType
+from rich.console import RenderableType
 
 from allotment.cli import live_render as render
-from allotment.cli.common import Output, OutputOption, print_error, print_json
+from allotment.cli.common import Output, OutputOption, console, print_error, print_json
 from allotment.client import AllotmentClient, ClientError
 from allotment.clientconfig import ENV_URL, load_client_config
 from allotment.domain.errors import InvalidInput
@@ -42,16 +41,6 @@ TokenOption = Annotated[
     str | None, typer.Option("--token", help="API token; default $ALLOT_TOKEN, else the config.")
 ]
 JobArgument = Annotated[str, typer.Argument(help="The job id.")]
-
-
-PIPED_WIDTH = 200
-"""Columns when the output is not a terminal: whole lines for grep and files."""
-
-
-def _console() -> Console:
-    if sys.stdout.isatty():
-        return Console(highlight=False)
-    return Console(highlight=False, width=PIPED_WIDTH)
 
 
 def _fail(message: str, fields: dict[str, Any] | None = None) -> None:
@@ -97,7 +86,7 @@ def _show(
     if output is Output.JSON:
         print_json(data)
     else:
-        _console().print(view(data))
+        console().print(view(data))
 
 
 def _read(path: str) -> str:
@@ -129,7 +118,7 @@ def apply(
     if output is Output.JSON:
         print_json(result)
     else:
-        _console().print(render.diff_view(result))
+        console().print(render.diff_view(result))
 
 
 def submit(
@@ -211,7 +200,7 @@ def ls(
     if output is Output.JSON:
         print_json(page)
     else:
-        _console().print(render.jobs_table(page["jobs"]))
+        console().print(render.jobs_table(page["jobs"]))
         if page.get("next_after"):
             typer.echo(f"(more: raise --limit above {limit})", err=True)
 
@@ -353,10 +342,10 @@ def top(
             if output is Output.JSON:
                 print_json({"queues": tree, "jobs": jobs})
             else:
-                _console().print(render.top_view(tree, jobs))
+                console().print(render.top_view(tree, jobs))
             return
         try:
-            with Live(render.top_view(*frame()), console=_console(), screen=False) as live:
+            with Live(render.top_view(*frame()), console=console(), screen=False) as live:
                 while True:
                     time.sleep(interval)
                     live.update(render.top_view(*frame()))

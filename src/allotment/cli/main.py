@@ -17,6 +17,7 @@ from typer.core import TyperGroup
 
 from allotment.cli import audit, live, tokens, up
 from allotment.cli.common import Output, OutputOption, print_error, print_json
+from allotment.cli.common import console as make_console
 from allotment.domain.errors import AllotmentError, ConfigError, InvalidInput
 from allotment.domain.loading import check_job, load_cluster, load_job
 
@@ -40,10 +41,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_show_locals=False,
 )
-
-
-def _console() -> Console:
-    return Console(highlight=False)
 
 
 @app.command()
@@ -85,7 +82,7 @@ def check(
     if output is Output.JSON:
         print_json({**data, "errors": failures})
     else:
-        console = _console()
+        console = make_console()
         if cluster is not None and cluster_file is not None:
             console.print(render.cluster_view(data["cluster"], cluster_file))
         for entry in checked:
@@ -257,7 +254,7 @@ def sim(
     if output is Output.JSON:
         print_json(summaries)
     else:
-        console = _console()
+        console = make_console()
         title = f"{trace}: {len(jobs)} jobs on {where}"
         if time_scale != 1.0:
             title += f", submit times x {time_scale:g}"
@@ -300,7 +297,7 @@ def plan(
     if output is Output.JSON:
         print_json(rows)
     else:
-        _console().print(plan_table(rows))
+        make_console().print(plan_table(rows))
 
 
 def _advance(bar: Any, task: Any, done: int, total: int) -> None:

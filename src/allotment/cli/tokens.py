@@ -8,8 +8,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from allotment.cli.common import Output, OutputOption, print_json
-from allotment.cli.live import TokenOption, UrlOption, _console, connect
+from allotment.cli.common import Output, OutputOption, console, print_json
+from allotment.cli.live import TokenOption, UrlOption, connect
 from allotment.cli.live_render import fitted_table, when
 
 app = typer.Typer(help="API tokens: issue, list, revoke.", no_args_is_help=True)
@@ -76,7 +76,7 @@ def list_tokens(
     if output is Output.JSON:
         print_json(tokens)
     else:
-        _console().print(tokens_table(tokens))
+        console().print(tokens_table(tokens))
 
 
 @app.command()
