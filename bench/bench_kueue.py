@@ -35,7 +35,6 @@ import json
 import math
 import multiprocessing
 import pstats
-import socket
 import statistics
 import sys
 import tempfile
@@ -47,12 +46,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import uvicorn
-from fastapi import FastAPI
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from allotment.api.app import create_app
+from allotment.api.serving import serve_in_thread
 from allotment.client import AllotmentClient
 from allotment.control.loop import ControlLoop
 from allotment.control.runner import LoopRunner
@@ -216,32 +214,7 @@ def arrivals(config: Config) -> list[Arrival]:
 # ----------------------------------------------------------------------------- system
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@contextmanager
-def serve(app: FastAPI) -> Iterator[str]:
-    """``app`` under uvicorn on a free local port, in a thread; yields the base URL."""
-    port = _free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
-    )
-    thread = threading.Thread(target=server.run, name="bench-uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the API server did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=20)
+serve = serve_in_thread
 
 
 @contextmanager

@@ -3,19 +3,14 @@ fresh SQLite store in ``tmp_path``, with the local example cluster and a fake cl
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import uvicorn
-from fastapi import FastAPI
 
 from allotment.api.app import create_app
+from allotment.api.serving import serve_in_thread
 from allotment.client import AllotmentClient
 from allotment.domain.loading import load_cluster
 from allotment.store import migrate
@@ -39,30 +34,7 @@ class Server:
     clock: FakeClock
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@contextmanager
-def serve(app: FastAPI) -> Iterator[str]:
-    """Serve ``app`` on a free local port until the block ends; yields the base URL."""
-    port = _free_port()
-    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not uv.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the API server did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        uv.should_exit = True
-        thread.join(timeout=10)
+serve = serve_in_thread
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,18 +15,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from allotment.api.serving import free_port
 from allotment.client import AllotmentClient
 from allotment.clientconfig import read_client_config
 from tests.executors.processes import kill_everything
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass
