@@ -14,11 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.api.conftest import EXAMPLES, _free_port
+from tests.api.conftest import EXAMPLES
 from tests.api.live import Live, job_text, live_stack
 from typer.testing import CliRunner
 
 import allotment
+from allotment.api.serving import free_port
 from allotment.cli.main import app
 from allotment.clientconfig import load_client_config, write_client_config
 from allotment.domain.lifecycle import JobState
@@ -185,7 +186,7 @@ def test_apply_dry_run_then_apply(live: Live, tmp_path: Path) -> None:
 def test_unknown_job_and_unreachable_server(live: Live) -> None:
     code, out, err = allot("get", "j-nope")
     assert code == 1 and out == "" and err.startswith("error: ") and "j-nope" in err
-    port = _free_port()
+    port = free_port()
     code, _, err = allot("ls", "--url", f"http://127.0.0.1:{port}")
     assert code == 1 and "allot up" in err and "Traceback" not in err
 
