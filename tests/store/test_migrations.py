@@ -5,7 +5,17 @@ from sqlalchemy import Engine, inspect
 from allotment.store import migrate
 from allotment.store.models import Base
 
-TABLES = {"cluster_configs", "jobs", "attempts", "events", "api_tokens", "audit_records"}
+TABLES = {
+    "cluster_configs",
+    "jobs",
+    "attempts",
+    "events",
+    "api_tokens",
+    "audit_records",
+    "job_usage",
+    "device_usage",
+    "alerts",
+}
 
 
 def _tables(engine: Engine) -> set[str]:

@@ -22,6 +22,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -186,4 +187,86 @@ class AuditRecord(Base):
         Index("ix_audit_records_at", "at"),
         Index("ix_audit_records_tenant_at", "tenant", "at"),
         Index("ix_audit_records_user_at", "user", "at"),
+    )
+
+
+class JobUsage(Base):
+    """What one attempt of a job used during one sampling interval: the samples taken
+    in ``[interval_start, interval_start + interval_s)`` aggregated into averages and
+    maxima. GPU utilisation is a percentage (0 to 100) averaged over the attempt's
+    ``gpus`` allocated devices; memory is in bytes; ``cpu_avg`` is in cores. A column
+    is null when no source measured it."""
+
+    __tablename__ = "job_usage"
+
+    id: Mapped[int] = mapped_column(EventId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(64), ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    interval_start: Mapped[float] = mapped_column(Float)
+    interval_s: Mapped[float] = mapped_column(Float)
+    samples: Mapped[int] = mapped_column(Integer)
+    gpus: Mapped[int] = mapped_column(Integer)
+    gpu_util_avg: Mapped[float | None] = mapped_column(Float)
+    gpu_util_max: Mapped[float | None] = mapped_column(Float)
+    gpu_memory_max: Mapped[int | None] = mapped_column(BigInteger)
+    cpu_avg: Mapped[float | None] = mapped_column(Float)
+    memory_max: Mapped[int | None] = mapped_column(BigInteger)
+
+    __table_args__ = (
+        UniqueConstraint("job_id", "attempt", "interval_start"),
+        Index("ix_job_usage_interval_start", "interval_start"),
+    )
+
+
+class DeviceUsage(Base):
+    """One accelerator's utilisation (percent) and memory (bytes) over one sampling
+    interval, whoever held it."""
+
+    __tablename__ = "device_usage"
+
+    id: Mapped[int] = mapped_column(EventId, primary_key=True, autoincrement=True)
+    node: Mapped[str] = mapped_column(String(253))
+    device: Mapped[int] = mapped_column(Integer)
+    interval_start: Mapped[float] = mapped_column(Float)
+    interval_s: Mapped[float] = mapped_column(Float)
+    samples: Mapped[int] = mapped_column(Integer)
+    util_avg: Mapped[float | None] = mapped_column(Float)
+    util_max: Mapped[float | None] = mapped_column(Float)
+    memory_max: Mapped[int | None] = mapped_column(BigInteger)
+
+    __table_args__ = (
+        UniqueConstraint("node", "device", "interval_start"),
+        Index("ix_device_usage_interval_start", "interval_start"),
+    )
+
+
+class Alert(Base):
+    """An alert (``kind``: ``max_wait``, ``idle_warning``, …) and the delivery of its
+    webhook call. ``dedupe_key`` makes an alert fire once (e.g. ``max_wait:<job>:<n>``).
+    ``delivery`` is ``pending`` (a try is due at ``next_try_at``), ``delivered``,
+    ``failed`` (tries exhausted) or ``none`` (no webhook configured)."""
+
+    __tablename__ = "alerts"
+
+    id: Mapped[int] = mapped_column(EventId, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    job_id: Mapped[str | None] = mapped_column(
+        String(64), ForeignKey("jobs.id", ondelete="CASCADE")
+    )
+    tenant: Mapped[str | None] = mapped_column(String(NAME))
+    queue: Mapped[str | None] = mapped_column(String(NAME))
+    dedupe_key: Mapped[str] = mapped_column(String(256), unique=True)
+    at: Mapped[float] = mapped_column(Float)
+    message: Mapped[str] = mapped_column(Text, default="")
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    webhook: Mapped[str | None] = mapped_column(String(2048))
+    delivery: Mapped[str] = mapped_column(String(16), default="pending")
+    tries: Mapped[int] = mapped_column(Integer, default=0)
+    next_try_at: Mapped[float | None] = mapped_column(Float)
+    delivered_at: Mapped[float | None] = mapped_column(Float)
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        Index("ix_alerts_delivery", "delivery", "next_try_at"),
+        Index("ix_alerts_tenant_at", "tenant", "at"),
     )
