@@ -42,8 +42,10 @@ from allotment.control.runner import DEFAULT_RECONCILE_EVERY_S, DEFAULT_TICK_S, 
 from allotment.domain.cluster import Cluster
 from allotment.domain.errors import InvalidInput
 from allotment.domain.loading import load_cluster_text
+from allotment.executors.base import Executor
 from allotment.executors.gpus import nvml_gpus
 from allotment.executors.local import LocalExecutor
+from allotment.executors.slurm import SlurmExecutor
 from allotment.store import migrate
 from allotment.store.configs import apply_cluster_config, current_cluster_config
 from allotment.store.db import make_engine, session_factory
@@ -169,6 +171,7 @@ class Server:
         self.app: FastAPI | None = None
         self.token: str | None = None
         self.config_path: Path | None = None
+        self.executor: Executor | None = None
 
     # ------------------------------------------------------------------ build
 
@@ -186,6 +189,10 @@ class Server:
             raise StartupError(f"cannot open the store at {url}: {exc}") from exc
         self.sessions = session_factory(self.engine)
         self.cluster = self._cluster(self.sessions)
+        self.executor = self._executor(self.cluster)
+        nodes = self.executor.nodes(self.cluster)
+        if nodes is not None:
+            self.cluster = self.cluster.with_nodes(nodes)
         self.election = LeaderElection(self.engine, self._make_runner, on_change=self._leading)
         self.token = self._admin_token()
         self.app = create_app(
@@ -217,19 +224,37 @@ class Server:
             stored = current_cluster_config(db)
         if stored is not None:
             self.cluster = load_cluster_text(stored.text, source="the stored cluster configuration")
-        assert self.cluster is not None
-        executor = LocalExecutor(self.options.data_dir / "executor")
+        assert self.cluster is not None and self.executor is not None
         self.loop = ControlLoop(
             self.cluster,
             self.sessions,
-            executor,
+            self.executor,
             work_root=self.work_root,
             clock=self.clock,
             stop_grace_s=self.options.stop_grace_s,
+            on_cluster=self._serve_cluster,
         )
         return LoopRunner(
             self.loop, tick_s=self.options.tick_s, reconcile_every_s=self.options.reconcile_every_s
         )
+
+    def _executor(self, cluster: Cluster) -> Executor:
+        """The executor the cluster file names; a Slurm cluster is checked first."""
+        slurm = cluster.executor.slurm
+        if slurm is None:
+            return LocalExecutor(self.options.data_dir / "executor")
+        executor = SlurmExecutor(slurm)
+        problems = executor.check()
+        if problems:
+            listed = "\n".join(f"  - {p}" for p in problems)
+            raise StartupError(f"Slurm is not ready for Allotment:\n{listed}")
+        return executor
+
+    def _serve_cluster(self, cluster: Cluster) -> None:
+        """The loop took new nodes from the executor: the API answers with them too."""
+        self.cluster = cluster
+        if self.app is not None:
+            self.app.state.service.cluster = cluster
 
     def _leading(self, leading: bool) -> None:
         if leading:
@@ -283,7 +308,12 @@ class Server:
 
     def replace_cluster(self, cluster: Cluster) -> None:
         """A new cluster configuration was applied: the loop schedules on it from its
-        next turn (its scheduler session is rebuilt from the store)."""
+        next turn (its scheduler session is rebuilt from the store). With an executor
+        that reports its nodes (Slurm), the new configuration keeps the known nodes."""
+        nodes = self.executor.nodes(cluster) if self.executor is not None else None
+        if nodes is not None:
+            cluster = cluster.with_nodes(nodes)
+            self._serve_cluster(cluster)
         self.cluster = cluster
         runner = self.election.runner if self.election is not None else None
         if runner is None:

@@ -49,4 +49,5 @@ def launch_request(
         cpu_millis=cpu or None,
         memory_bytes=memory or None,
         max_runtime=spec.max_runtime,
+        node=placement.node,
     )

@@ -97,6 +97,7 @@ class ControlLoop:
         clock: Callable[[], float],
         policy: SchedulerPolicy | None = None,
         stop_grace_s: float = DEFAULT_STOP_GRACE_S,
+        on_cluster: Callable[[Cluster], None] | None = None,
     ) -> None:
         self.cluster = cluster
         self.store_sessions = store_sessions
@@ -105,6 +106,8 @@ class ControlLoop:
         self.clock = clock
         self.policy = policy
         self.stop_grace_s = stop_grace_s
+        self.on_cluster = on_cluster
+        """Told the cluster whenever the executor's nodes change it."""
         self._session: Session | None = None
         self._nominated: set[str] = set()
         self._stop_sent: set[str] = set()
@@ -126,6 +129,7 @@ class ControlLoop:
         """A fresh scheduler session from the store: every open attempt holds its
         allocation (stopping, when its job already ended or was preempted), every
         pending job waits in its line."""
+        self._take_nodes()
         session = Session(self.cluster, self.policy, now=self.clock())
         with self.store_sessions() as db:
             for job, attempt in open_attempts(db):
@@ -297,10 +301,12 @@ class ControlLoop:
                 failure = "the job has no command"
             else:
                 try:
-                    for placement in placements:
-                        self.executor.launch(
+                    self.executor.launch_all(
+                        [
                             launch_request(self.work_root, job_id, tenant, spec, number, placement)
-                        )
+                            for placement in placements
+                        ]
+                    )
                 except OSError as exc:
                     failure = f"launch failed: {exc}"
             launched.append((job_id, spec, number, allocation, len(placements), failure))
@@ -341,6 +347,27 @@ class ControlLoop:
                 self._stop_keys(replica_keys(job_id, number, allocation))
         return moves
 
+    def refresh_nodes(self) -> bool:
+        """Take the executor's nodes (Slurm's inventory and health) when it reports
+        them and they changed: the scheduler session is rebuilt on them, so a node gone
+        down gets no new work until it returns. Returns whether they changed."""
+        changed = self._take_nodes()
+        if changed:
+            self.invalidate()
+        return changed
+
+    def _take_nodes(self) -> bool:
+        nodes = self.executor.nodes(self.cluster)
+        if nodes is None:
+            return False
+        cluster = self.cluster.with_nodes(nodes)
+        if cluster.nodes == self.cluster.nodes:
+            return False
+        self.cluster = cluster
+        if self.on_cluster is not None:
+            self.on_cluster(self.cluster)
+        return True
+
     # ------------------------------------------------------------------ events
 
     def observe(self) -> list[Move]:
@@ -354,6 +381,7 @@ class ControlLoop:
         are freed, and the job requeued or retried (:mod:`allotment.control.retries`).
         Replicas the executor does not know are left to :meth:`reconcile`.
         """
+        self.refresh_nodes()
         statuses = self.executor.observe()
         session = self.session
         now = self.clock()

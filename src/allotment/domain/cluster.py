@@ -24,6 +24,7 @@ from pydantic import (
 
 from allotment.domain.durations import TimeWindow, parse_duration
 from allotment.domain.errors import ConfigError, Issue
+from allotment.domain.executor import ExecutorSpec
 from allotment.domain.lifecycle import FailureClass
 from allotment.domain.resources import GPU, Resources, format_quantity
 
@@ -254,6 +255,7 @@ class ClusterFile(Model):
     nodes: list[NodeEntry] = Field(default_factory=list)
     tenants: list[Tenant] = Field(default_factory=list)
     queues: list[QueueSpec] = Field(default_factory=list)
+    executor: ExecutorSpec = Field(default_factory=ExecutorSpec)
 
 
 _Named = TypeVar("_Named", PriorityClass, Pool, Tenant)
@@ -335,6 +337,23 @@ class Cluster:
     def leaves(self) -> list[Queue]:
         return [q for q in self.queues.values() if q.is_leaf]
 
+    @property
+    def executor(self) -> ExecutorSpec:
+        return self.source.executor
+
+    def with_nodes(self, nodes: dict[str, Node]) -> Cluster:
+        """The same cluster on other nodes (an executor's inventory); nodes of a pool
+        the cluster does not declare are left out."""
+        return Cluster(
+            priority_classes=self.priority_classes,
+            pools=self.pools,
+            nodes={name: node for name, node in nodes.items() if node.pool in self.pools},
+            tenants=self.tenants,
+            queues=self.queues,
+            roots=self.roots,
+            source=self.source,
+        )
+
     def queue_may_use_pool(self, queue: Queue, pool: str) -> bool:
         """A pool is open to a leaf if the queue's own ``pools`` (when set) lists it and
         the pool's access list (when set) names the queue or one of its ancestors."""
@@ -411,6 +430,7 @@ class Cluster:
             _derive_nominal(queue)
         for queue in list(queues.values()):
             _check_guarantees(queue, locations[queue.name], issues)
+        _check_executor(file, pools, issues)
         for i, pool in enumerate(file.pools):
             for j, access in enumerate(pool.queues or []):
                 if access not in queues:
@@ -425,6 +445,22 @@ class Cluster:
             queues=queues,
             roots=roots,
             source=file,
+        )
+
+
+def _check_executor(file: ClusterFile, pools: dict[str, Pool], issues: list[Issue]) -> None:
+    slurm = file.executor.slurm
+    if slurm is None:
+        return
+    for name in slurm.pools:
+        if name not in pools:
+            issues.append(_unknown(f"executor.slurm.pools.{name}", "pool", name, pools))
+    if file.nodes:
+        issues.append(
+            Issue(
+                path="nodes",
+                message="with executor kind slurm the nodes come from Slurm; remove nodes",
+            )
         )
 
 

@@ -13,6 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from allotment.domain.cluster import Cluster, Node
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -53,6 +57,8 @@ class LaunchRequest:
     memory_bytes: int | None = None
     max_runtime: float | None = None
     timeout_grace_s: float = 10.0
+    node: str | None = None
+    """The node the scheduler placed the replica on (executors of many nodes pin it)."""
 
     @property
     def key(self) -> ReplicaKey:
@@ -132,3 +138,18 @@ class Executor(ABC):
     @abstractmethod
     def inventory(self) -> list[GpuInfo]:
         """The accelerators this executor can hand out."""
+
+    def launch_all(self, requests: Sequence[LaunchRequest]) -> list[str]:
+        """Start every replica of one attempt (a gang) together; idempotent like
+        :meth:`launch`. Executors that run a gang as one unit override it."""
+        return [self.launch(request) for request in requests]
+
+    def nodes(self, cluster: Cluster) -> dict[str, Node] | None:
+        """The nodes this executor reports for ``cluster``'s pools, with their health;
+        ``None`` when the cluster file's nodes are the truth (the default)."""
+        return None
+
+    def check(self) -> list[str]:
+        """Problems that keep this executor from working, each saying what to change
+        (checked when the server starts)."""
+        return []
