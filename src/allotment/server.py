@@ -347,6 +347,13 @@ class Server:
             self.engine.dispose()
 
 
+def _executor_line(cluster: Cluster) -> str:
+    slurm = cluster.executor.slurm
+    if slurm is None:
+        return "local processes on this machine"
+    return f"Slurm, partition {slurm.partition} (nodes and their health from Slurm)"
+
+
 def describe(server: Server) -> list[str]:
     """What ``allot up`` prints once it is ready."""
     options = server.options
@@ -360,6 +367,7 @@ def describe(server: Server) -> list[str]:
         f"  store:     {url}",
         f"  cluster:   {len(cluster.pools)} pool(s), {len(cluster.nodes)} node(s), "
         f"{gpus} GPU(s), {len(cluster.leaves)} leaf queue(s)",
+        f"  executor:  {_executor_line(cluster)}",
         f"  CLI config written to {server.config_path}",
         "  scheduler: running here"
         if server.election is not None and server.election.leading

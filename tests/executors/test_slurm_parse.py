@@ -271,3 +271,18 @@ def test_stop_signals_are_the_configured_one() -> None:
     script = launcher_script(node_shares([request("a1", 1, 0)]), "USR1")
     assert "trap 'kill -USR1" in script and script.count("USR1") == 2
     assert int(signal.SIGTERM) == 15
+
+
+def test_the_example_slurm_cluster_loads_and_nodes_beside_slurm_are_refused() -> None:
+    from allotment.domain.errors import ConfigError
+    from allotment.domain.loading import load_cluster, load_cluster_text
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "cluster-slurm.yaml"
+    cluster = load_cluster(example)
+    assert cluster.executor.slurm is not None and cluster.nodes == {}
+    text = example.read_text() + "nodes:\n  - {name: n1, pool: a100, capacity: {gpu: 1}}\n"
+    with pytest.raises(ConfigError, match="the nodes come from Slurm"):
+        load_cluster_text(text)
+    unknown = example.read_text().replace("h100: {gres_type: h100}", "v100: {gres_type: v100}")
+    with pytest.raises(ConfigError, match="v100"):
+        load_cluster_text(unknown)
