@@ -88,8 +88,12 @@ class SlurmExecutor(Executor):
         :data:`FINALS_KEPT_S` after Slurm forgets them."""
         self._stops: dict[int, float] = {}
         """Slurm job id → when its grace period ends (a stop was asked)."""
-        self._launched: dict[tuple[str, int], float] = {}
-        """When this executor submitted each attempt (for the pending timeout)."""
+        self._launched: dict[tuple[str, int], tuple[int, float]] = {}
+        """The Slurm job id and submission time of each attempt this executor submitted
+        (for idempotence and the pending timeout)."""
+        self._observed = False
+        """Whether a full ``squeue`` has been read (then ``_jobs`` knows every job
+        submitted before this executor started)."""
         self._gres: dict[str, str | None] = {}
         """Node → GRES type to request there, from the last inventory."""
 
@@ -241,7 +245,7 @@ class SlurmExecutor(Executor):
         out = self.run("sbatch", *argv).strip()
         slurm_id = int(out.split(";", 1)[0])
         with self._lock:
-            self._launched[attempt] = self.clock()
+            self._launched[attempt] = (slurm_id, self.clock())
         log.info("submitted %s/%s as Slurm job %s", first.job_id, first.attempt, slurm_id)
         return [str(slurm_id)] * len(requests)
 
@@ -253,8 +257,14 @@ class SlurmExecutor(Executor):
         (a restart between ``sbatch`` and the store's update)."""
         with self._lock:
             known = self._jobs.get((job_id, attempt))
+            submitted = self._launched.get((job_id, attempt))
+            observed = self._observed
         if known is not None:
             return known.slurm_id
+        if submitted is not None:
+            return submitted[0]
+        if observed:
+            return None
         out = self.run(
             "squeue", "-h", "-t", "all", f"--name={job_name(job_id, attempt)}", "-o", "%i"
         )
@@ -274,6 +284,7 @@ class SlurmExecutor(Executor):
         to_cancel: list[int] = []
         with self._lock:
             self._jobs = {(j.job_id, j.attempt): j for j in jobs}
+            self._observed = True
             for key, (status, seen) in list(self._finals.items()):
                 if now - seen > FINALS_KEPT_S:
                     del self._finals[key]
@@ -282,7 +293,8 @@ class SlurmExecutor(Executor):
             for job in jobs:
                 attempt = (job.job_id, job.attempt)
                 stopping = job.slurm_id in self._stops
-                pending_since = self._launched.get(attempt) or job.submit_time or now
+                submitted = self._launched.get(attempt)
+                pending_since = submitted[1] if submitted else job.submit_time or now
                 status = status_of(
                     job,
                     now=now,
