@@ -110,6 +110,17 @@ class GpuInfo:
     source: str = "declared"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaUsage:
+    """What one live replica uses now: CPU in cores (averaged since the previous
+    :meth:`Executor.usage` call; ``None`` on the first), resident memory in bytes, and
+    the ids of its processes."""
+
+    cpu_cores: float | None = None
+    memory_bytes: int | None = None
+    pids: tuple[int, ...] = ()
+
+
 class Executor(ABC):
     """Runs replicas somewhere. Implementations must make every method idempotent."""
 
@@ -132,3 +143,8 @@ class Executor(ABC):
     @abstractmethod
     def inventory(self) -> list[GpuInfo]:
         """The accelerators this executor can hand out."""
+
+    def usage(self) -> dict[ReplicaKey, ReplicaUsage]:
+        """What each live replica uses (optional; the default knows nothing). Must not
+        block for long: the telemetry sampler calls it every few seconds."""
+        return {}
