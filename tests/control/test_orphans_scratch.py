@@ -195,8 +195,7 @@ def test_expired_scratch_is_reported_then_deleted_after_the_grace(
         end = attempt.end_time
 
     def expire(at: float) -> list[tuple[str, str]]:
-        with sessions.begin() as db:
-            return [(a.action, a.job_id) for a in expire_scratch(db, cluster, root, at)]
+        return [(a.action, a.job_id) for a in expire_scratch(sessions, cluster, root, at)]
 
     assert expire(end + 5) == []  # not expired yet
     assert expire(end + 11) == [("report", ended)]

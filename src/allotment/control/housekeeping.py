@@ -99,8 +99,7 @@ class Housekeeper:
             self.wake()
         now = loop.clock()
         if now >= self._next_scratch:
-            with loop.store_sessions.begin() as db:
-                out.scratch = expire_scratch(db, loop.cluster, loop.work_root, now)
+            out.scratch = expire_scratch(loop.store_sessions, loop.cluster, loop.work_root, now)
             self._next_scratch = now + self.scratch_every_s
         if now >= self._next_prune:
             out.pruned = self.sampler.prune()
