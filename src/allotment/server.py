@@ -36,6 +36,7 @@ from allotment.api.app import create_app
 from allotment.api.auth import AdminDigest, FirstOf, StoreTokens, token_digest
 from allotment.api.ratelimit import SERVER_DEFAULT, RateLimit
 from allotment.clientconfig import read_client_config, write_client_config
+from allotment.control.housekeeping import housekeeper_for
 from allotment.control.leading import LeaderElection
 from allotment.control.loop import DEFAULT_STOP_GRACE_S, ControlLoop
 from allotment.control.runner import DEFAULT_RECONCILE_EVERY_S, DEFAULT_TICK_S, LoopRunner
@@ -234,9 +235,14 @@ class Server:
             stop_grace_s=self.options.stop_grace_s,
             on_cluster=self._serve_cluster,
         )
-        return LoopRunner(
+        runner = LoopRunner(
             self.loop, tick_s=self.options.tick_s, reconcile_every_s=self.options.reconcile_every_s
         )
+        base = self.options.cluster_file.parent if self.options.cluster_file else None
+        runner.companions.append(
+            housekeeper_for(self.loop, wake=runner.wake, lock=runner.lock, base=base)
+        )
+        return runner
 
     def _executor(self, cluster: Cluster) -> Executor:
         """The executor the cluster file names; a Slurm cluster is checked first."""

@@ -226,6 +226,17 @@ def test_apply_cluster_typo_names_key_and_line(live: Live, api: AllotmentClient)
     assert api.cluster()["version"] is None and live.applied == []
 
 
+def test_apply_cluster_refuses_to_change_the_executor(live: Live, api: AllotmentClient) -> None:
+    slurm = (EXAMPLES / "cluster-slurm.yaml").read_text()
+    with pytest.raises(ClientError) as caught:
+        api.apply_cluster(slurm, dry_run=True)
+    error = caught.value
+    assert (error.status, error.code) == (422, "invalid_config")
+    [issue] = error.fields["issues"]
+    assert issue["path"] == "executor" and "restart allot up" in issue["message"]
+    assert api.cluster()["version"] is None and live.applied == []
+
+
 def test_logs_of_a_job_that_never_started_end(live: Live, api: AllotmentClient) -> None:
     job = api.submit(job_text("print(1)"))["id"]
     with live.sessions.begin() as db:

@@ -152,6 +152,7 @@ class SlurmCluster:
             "JobCompType=jobcomp/none",
             "MpiDefault=none",
             "SchedulerType=sched/backfill",
+            "SchedulerParameters=bf_interval=1",  # heterogeneous jobs start on a backfill pass
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
             "PreemptType=preempt/none",

@@ -81,7 +81,11 @@ def clean(slurm: SlurmCluster) -> Iterator[SlurmCluster]:
     while time.monotonic() < deadline:
         busy = slurm.run("squeue", "-h", "-t", "PD,R,CG", "-o", "%i", check=False).stdout.strip()
         states = slurm.node_states()
-        if not busy and all(s == "idle" for s in states.values()) and len(states) == len(NODES):
+        if (
+            not busy
+            and all(s in ("idle", "planned") for s in states.values())
+            and len(states) == len(NODES)
+        ):
             return
         if any(s.startswith("down") for s in states.values()):
             slurm.run(

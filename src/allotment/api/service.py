@@ -324,6 +324,13 @@ class JobService:
         cluster in use and, unless ``dry_run``, store it as the next version and use it
         from now on (``on_change`` is told)."""
         new = load_cluster_text(text, source=cluster_config.SOURCE)
+        if new.executor != self.cluster.executor:
+            issue = Issue(
+                path="executor",
+                message="the executor section is read when the server starts: "
+                "restart allot up with -f FILE to change it",
+            )
+            raise ConfigError([issue], source=cluster_config.SOURCE)
         with self._apply_lock:
             changes = cluster_config.diff(self.cluster, new)
             if dry_run:

@@ -40,6 +40,13 @@ def up(
         float,
         typer.Option(help="Seconds between SIGTERM and SIGKILL when stopping a job.", min=0),
     ] = 30.0,
+    reconcile_every: Annotated[
+        float,
+        typer.Option(
+            help="Seconds between reconciliations (zombies and orphans are found there).",
+            min=0.1,
+        ),
+    ] = 30.0,
 ) -> None:
     """Start Allotment on this machine and serve until Ctrl-C (jobs keep running)."""
     from allotment.server import Server, ServerOptions, StartupError, default_data_dir, describe
@@ -53,6 +60,7 @@ def up(
         cluster_file=cluster_file,
         tick_s=tick,
         stop_grace_s=stop_grace,
+        reconcile_every_s=reconcile_every,
     )
     server = Server(options)
     try:

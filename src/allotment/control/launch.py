@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from allotment.control.allocations import placements_from_json
 from allotment.control.layout import attempt_dir, log_path, logs_dir, make_private
 from allotment.domain.job import JobSpec
 from allotment.domain.resources import CPU, MEMORY
-from allotment.executors.base import LaunchRequest
+from allotment.executors.base import Executor, LaunchRequest
 from allotment.scheduler.snapshot import ReplicaPlacement
 
 
@@ -51,3 +53,26 @@ def launch_request(
         max_runtime=spec.max_runtime,
         node=placement.node,
     )
+
+
+def launch_attempt(
+    executor: Executor,
+    work_root: Path,
+    job_id: str,
+    tenant: str,
+    spec: JobSpec,
+    number: int,
+    allocation: list[Any],
+) -> str | None:
+    """Launch every replica of an admitted attempt together (idempotent); what went
+    wrong, or ``None``."""
+    if not spec.command:
+        return "the job has no command"
+    placements = placements_from_json(allocation)
+    try:
+        executor.launch_all(
+            [launch_request(work_root, job_id, tenant, spec, number, p) for p in placements]
+        )
+    except OSError as exc:
+        return f"launch failed: {exc}"
+    return None

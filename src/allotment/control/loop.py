@@ -12,7 +12,7 @@ repaired by calling :meth:`ControlLoop.cycle` or :meth:`ControlLoop.reconcile` a
 :meth:`ControlLoop.observe` turns what the executor sees into lifecycle moves, always
 through :func:`~allotment.store.jobs.transition_job`; :meth:`ControlLoop.reconcile` finds
 zombies (jobs the store believes run but whose replicas the executor has lost) and
-orphans (replicas nobody in the store owns, reported, never killed).
+orphans (replicas nobody in the store owns), each reported (:mod:`.orphans`).
 
 An attempt is *open* from its admission until every replica of it has ended: only then
 are its resources given back to the session (``gone``) and is the job requeued or
@@ -32,8 +32,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
-from allotment.control.allocations import allocation_json, placements_from_json, replica_keys
-from allotment.control.launch import launch_request
+from allotment.control.allocations import allocation_json, replica_keys
+from allotment.control.launch import launch_attempt
+from allotment.control.orphans import OrphanTracker
 from allotment.control.retries import finish_attempt
 from allotment.control.views import open_attempts, pending_of, pending_rows, running_of
 from allotment.domain.cluster import Cluster
@@ -63,7 +64,6 @@ DEFAULT_STOP_GRACE_S = 30.0
 """Seconds between SIGTERM and SIGKILL when the loop stops a replica."""
 
 _S = JobState
-
 REASON_REFRESH_S = 10.0
 """How often at most a waiting job's reason message is rewritten while its code stays."""
 
@@ -112,6 +112,7 @@ class ControlLoop:
         self._nominated: set[str] = set()
         self._stop_sent: set[str] = set()
         """Jobs whose replicas this loop has asked to stop (until their attempt closes)."""
+        self.orphans = OrphanTracker(policy=lambda: self.cluster.source.orphans)
         self._reasons: dict[str, tuple[str, str, float]] = {}
         """Waiting reason (code, message, when written) the store holds for each job that
         waited in the last cycle, so that an unchanged one is not read again."""
@@ -252,8 +253,7 @@ class ControlLoop:
             fresh[job_id] = reason
             remembered[job_id] = (code, message, now)
         record_reasons(db, fresh, at=now, states=(_S.PENDING,))
-        # Only this cycle's waiting jobs are remembered; should the transaction fail, the
-        # session is rebuilt and this is cleared.
+        # Only this cycle's waiting jobs are remembered (a failed transaction clears it).
         self._reasons = remembered
 
     def _sync_pending(self, session: Session) -> None:
@@ -293,57 +293,27 @@ class ControlLoop:
             ]
         if not rows:
             return moves
-        launched: list[tuple[str, JobSpec, int, list[Any], int, str | None]] = []
-        for job_id, tenant, spec, number, allocation in rows:
-            placements = placements_from_json(allocation)
-            failure: str | None = None
-            if not spec.command:
-                failure = "the job has no command"
-            else:
-                try:
-                    self.executor.launch_all(
-                        [
-                            launch_request(self.work_root, job_id, tenant, spec, number, placement)
-                            for placement in placements
-                        ]
-                    )
-                except OSError as exc:
-                    failure = f"launch failed: {exc}"
-            launched.append((job_id, spec, number, allocation, len(placements), failure))
+        failures = {
+            job_id: launch_attempt(
+                self.executor, self.work_root, job_id, tenant, spec, number, allocation
+            )
+            for job_id, tenant, spec, number, allocation in rows
+        }
         now = self.clock()
         with self.store_sessions.begin() as db:
-            for job_id, spec, number, _allocation, replicas, failure in launched:
+            for job_id, _tenant, spec, number, allocation in rows:
                 job = get_job(db, job_id, for_update=True)
                 if job.state != _S.ADMITTED.value or job.attempt != number:
                     continue
+                failure = failures[job_id]
                 if failure is None:
-                    transition_job(
-                        db,
-                        job_id,
-                        _S.STARTING,
-                        job=job,
-                        at=now,
-                        message="launched",
-                        detail={"attempt": number, "replicas": replicas},
-                    )
-                    moves.append(Move(job=job_id, source=_S.ADMITTED, target=_S.STARTING))
+                    detail = {"attempt": number, "replicas": len(allocation)}
+                    self._move(db, job, _S.STARTING, now, "launched", moves, detail=detail)
                 else:
-                    klass = FailureClass.USER_CODE if not spec.command else FailureClass.RESOURCES
-                    transition_job(
-                        db,
-                        job_id,
-                        _S.FAILED,
-                        job=job,
-                        at=now,
-                        message=failure,
-                        failure_class=klass,
-                    )
-                    moves.append(
-                        Move(job=job_id, source=_S.ADMITTED, target=_S.FAILED, failure=klass)
-                    )
-                self._set_attempt_state(db, job)
-        for job_id, _spec, number, allocation, _replicas, failure in launched:
-            if failure is not None:
+                    klass = FailureClass.RESOURCES if spec.command else FailureClass.USER_CODE
+                    self._move(db, job, _S.FAILED, now, failure, moves, failure=klass)
+        for job_id, _tenant, _spec, number, allocation in rows:
+            if failures[job_id] is not None:
                 self._stop_keys(replica_keys(job_id, number, allocation))
         return moves
 
@@ -533,10 +503,11 @@ class ControlLoop:
 
         A starting or running job with a replica the executor does not know, or reports
         ``lost``, is a zombie: it fails with ``node_failure`` (and is retried when its
-        policy retries ``node_failure``) and its other replicas are stopped. A replica
-        that has not ended and belongs to no open attempt is an orphan: returned, left
-        running. Also repeats the actions a crash may have cut short: launching admitted
-        jobs, stopping replicas of ended or preempted jobs.
+        policy retries ``node_failure``), its other replicas are stopped, and it is
+        reported. A replica that has not ended and belongs to no open attempt is an
+        orphan: reported, returned, and stopped only under ``orphans: kill``. Also repeats
+        what a crash may have cut short: launching admitted jobs, stopping replicas of
+        ended or preempted jobs.
         """
         statuses = self.executor.observe()
         session = self.session
@@ -571,17 +542,17 @@ class ControlLoop:
                     failure=FailureClass.NODE_FAILURE,
                     detail={"missing": missing, "lost": lost},
                 )
+                self.orphans.zombie(db, job, attempt.number, now, statuses, keys)
                 to_stop.extend(alive)
                 if not alive:
                     ended = {k: statuses[k] for k in keys if k in statuses}
                     self._finish(db, job, attempt, ended, now, moves, requeued)
                     gone.append(job.id)
+            orphans = sorted(k for k, s in statuses.items() if not s.ended and k not in known)
+            to_stop.extend(self.orphans.replicas(db, orphans, statuses, now))
         self._settle(session, gone, requeued)
         self._stop_keys(to_stop)
         self._launch_admitted()
-        orphans = sorted(k for k, s in statuses.items() if not s.ended and k not in known)
-        for key in orphans:
-            log.warning("orphan replica %s: the store knows no open attempt of it", key)
         return orphans
 
     # ------------------------------------------------------------------ helpers

@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from allotment.control.loop import ControlLoop
 
@@ -25,6 +26,14 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TICK_S = 1.0
 DEFAULT_RECONCILE_EVERY_S = 30.0
+
+
+class Companion(Protocol):
+    """Work that runs beside the loop, started and stopped with it (telemetry)."""
+
+    def start(self) -> None: ...
+
+    def stop(self, timeout: float = 30.0) -> None: ...
 
 
 class LoopRunner:
@@ -37,6 +46,7 @@ class LoopRunner:
         tick_s: float = DEFAULT_TICK_S,
         reconcile_every_s: float = DEFAULT_RECONCILE_EVERY_S,
         monotonic: Callable[[], float] = time.monotonic,
+        companions: Sequence[Companion] = (),
     ) -> None:
         if tick_s <= 0 or reconcile_every_s <= 0:
             raise ValueError("tick_s and reconcile_every_s must be positive")
@@ -44,6 +54,8 @@ class LoopRunner:
         self.tick_s = tick_s
         self.reconcile_every_s = reconcile_every_s
         self._monotonic = monotonic
+        self.companions = list(companions)
+        """Started after the loop's thread, stopped before it."""
         self._woken = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -63,6 +75,8 @@ class LoopRunner:
             raise RuntimeError("the runner has already started")
         self._thread = threading.Thread(target=self._run, name="allotment-loop", daemon=True)
         self._thread.start()
+        for companion in self.companions:
+            companion.start()
 
     def wake(self) -> None:
         """Ask for a turn as soon as the current one ends. Never blocks."""
@@ -71,6 +85,8 @@ class LoopRunner:
     def stop(self, timeout: float = 30.0) -> None:
         """Stop after the current turn; blocks until the thread has ended (or
         ``timeout``). Replicas keep running: a restarted server re-adopts them."""
+        for companion in self.companions:
+            companion.stop(timeout)
         self._stopping.set()
         self._woken.set()
         if self._thread is not None:

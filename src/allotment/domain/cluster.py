@@ -26,6 +26,12 @@ from allotment.domain.durations import TimeWindow, parse_duration
 from allotment.domain.errors import ConfigError, Issue
 from allotment.domain.executor import ExecutorSpec
 from allotment.domain.lifecycle import FailureClass
+from allotment.domain.reclaim import (
+    DEFAULT_SCRATCH_GRACE_S,
+    OrphanPolicy,
+    ReclaimPolicy,
+    TelemetrySettings,
+)
 from allotment.domain.resources import GPU, Resources, format_quantity
 
 _NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$"
@@ -181,6 +187,10 @@ class Tenant(Model):
     name: Name
     data_scopes: list[str] = Field(default_factory=list)
     members: list[Member] = Field(default_factory=list)
+    scratch_expiry: Duration | None = Field(default=None, gt=0)
+    """Ended jobs' work directories older than this are reported, then deleted."""
+    scratch_grace: Duration = DEFAULT_SCRATCH_GRACE_S
+    """Time between the report of an expired work directory and its deletion."""
 
 
 PreemptionMode = Literal["never", "lower_priority", "any"]
@@ -244,6 +254,8 @@ class QueueSpec(Model):
     weight: float = Field(default=1.0, gt=0, le=1000)
     """Fair-share weight among queues of equal priority."""
     submitters: list[str] | None = None
+    reclaim: ReclaimPolicy | None = None
+    """Idle and TTL reclamation (R5.4); inherited by queues below that set none."""
     children: list[QueueSpec] = Field(default_factory=list)
 
 
@@ -256,6 +268,8 @@ class ClusterFile(Model):
     tenants: list[Tenant] = Field(default_factory=list)
     queues: list[QueueSpec] = Field(default_factory=list)
     executor: ExecutorSpec = Field(default_factory=ExecutorSpec)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    orphans: OrphanPolicy = "report"
 
 
 _Named = TypeVar("_Named", PriorityClass, Pool, Tenant)
@@ -297,6 +311,16 @@ class Queue:
     @property
     def time_windows(self) -> tuple[TimeWindow, ...]:
         return self._windows
+
+    @property
+    def reclaim(self) -> ReclaimPolicy | None:
+        """The reclamation policy of this queue or its nearest ancestor with one."""
+        node: Queue | None = self
+        while node is not None:
+            if node.spec.reclaim is not None:
+                return node.spec.reclaim
+            node = node.parent
+        return None
 
     def ancestors(self) -> Iterator[Queue]:
         node = self.parent

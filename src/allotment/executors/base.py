@@ -116,6 +116,17 @@ class GpuInfo:
     source: str = "declared"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaUsage:
+    """What one live replica uses now: CPU in cores (averaged since the previous
+    :meth:`Executor.usage` call; ``None`` on the first), resident memory in bytes, and
+    the ids of its processes."""
+
+    cpu_cores: float | None = None
+    memory_bytes: int | None = None
+    pids: tuple[int, ...] = ()
+
+
 class Executor(ABC):
     """Runs replicas somewhere. Implementations must make every method idempotent."""
 
@@ -153,3 +164,8 @@ class Executor(ABC):
         """Problems that keep this executor from working, each saying what to change
         (checked when the server starts)."""
         return []
+
+    def usage(self) -> dict[ReplicaKey, ReplicaUsage]:
+        """What each live replica uses (optional; the default knows nothing). Must not
+        block for long: the telemetry sampler calls it every few seconds."""
+        return {}

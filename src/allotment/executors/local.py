@@ -35,8 +35,10 @@ from allotment.executors.base import (
     ReplicaKey,
     ReplicaPhase,
     ReplicaStatus,
+    ReplicaUsage,
 )
 from allotment.executors.gpus import discover_gpus
+from allotment.executors.procfs import members, process_table
 from allotment.executors.supervisor import (
     SPEC_FILE,
     STATE_FILE,
@@ -113,6 +115,8 @@ class LocalExecutor(Executor):
             base_env = {k: os.environ[k] for k in BASE_ENV_NAMES if k in os.environ}
         self.base_env = dict(base_env)
         self._children: dict[ReplicaKey, subprocess.Popen[bytes]] = {}
+        self._cpu_seen: dict[ReplicaKey, tuple[float, float]] = {}
+        """CPU seconds of each replica's processes at the last :meth:`usage`, and when."""
 
     def replica_dir(self, key: ReplicaKey) -> Path:
         """The directory holding ``key``'s files."""
@@ -206,6 +210,36 @@ class LocalExecutor(Executor):
                 str(spec["job_id"]), int(spec["attempt"]), str(spec["replica"]), int(spec["index"])
             )
             seen[key] = self._status(key, spec_path.parent)
+        return seen
+
+    def usage(self) -> dict[ReplicaKey, ReplicaUsage]:
+        """CPU cores and resident memory of every running replica: its process group
+        and the descendants of its process, read from ``/proc``. CPU is averaged since
+        the previous call (``None`` on a replica's first). Does not block."""
+        table = process_table()
+        now = time.monotonic()
+        seen: dict[ReplicaKey, ReplicaUsage] = {}
+        cpu_seen: dict[ReplicaKey, tuple[float, float]] = {}
+        for key, status in self.observe().items():
+            if status.phase is not ReplicaPhase.RUNNING or status.pid is None:
+                continue
+            state = read_json(self.replica_dir(key) / STATE_FILE) or {}
+            pgid = state.get("pgid")
+            pids = members(table, [status.pid], pgid if isinstance(pgid, int) else None)
+            if not pids:
+                continue
+            cpu_s = sum(table[p].cpu_s for p in pids)
+            before = self._cpu_seen.get(key)
+            cores = None
+            if before is not None and now > before[1]:
+                cores = max(0.0, (cpu_s - before[0]) / (now - before[1]))
+            cpu_seen[key] = (cpu_s, now)
+            seen[key] = ReplicaUsage(
+                cpu_cores=cores,
+                memory_bytes=sum(table[p].rss for p in pids),
+                pids=tuple(sorted(pids)),
+            )
+        self._cpu_seen = cpu_seen
         return seen
 
     def inventory(self) -> list[GpuInfo]:

@@ -1,0 +1,322 @@
+"""Idle and TTL reclamation (R5.4): rows in, decisions out, then one writer.
+
+:func:`decide` is pure. For each running attempt it takes the queue's
+:class:`~allotment.domain.reclaim.ReclaimPolicy` and the attempt's ``job_usage`` rows:
+
+- **TTL**: a job type with a ``ttl`` that has run that long is reclaimed (``ttl``).
+- **Idle**: the *idle run* is the trailing sequence of adjacent intervals whose every
+  sample (``gpu_util_max``) was below the threshold. It counts from the *end* of its
+  first interval (what happened between the last busy sample and the first idle one is
+  unknown, so it is not counted) or the attempt's start if later, up to the end of the
+  newest interval or now if earlier. Once it reaches ``window - warn_before`` the job is
+  warned; it is reclaimed (``idle``) once it reaches ``window`` *and* ``warn_before``
+  has passed since a warning given during this run. A busy sample ends the run: the
+  next one needs a new warning. Jobs without GPUs, exempt types, and jobs whose newest
+  row is stale (the sampler stalled) are never reclaimed for idleness.
+
+:func:`apply` writes the decisions: a warning is an ``idle_warning`` event and alert;
+a reclamation moves the job to ``reclaimed`` (the transition event carries the reason
+and the evidence) and appends an audit record ``job.reclaim`` by ``allotment``. The
+control loop then stops the replicas and frees the resources, as for a cancel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session as DbSession
+
+from allotment.control.views import open_attempts
+from allotment.domain.cluster import Cluster
+from allotment.domain.durations import format_duration
+from allotment.domain.lifecycle import JobState
+from allotment.domain.reclaim import ReclaimPolicy
+from allotment.store import audit
+from allotment.store.jobs import get_job, transition_job
+from allotment.store.models import Alert, Attempt, Event
+from allotment.store.usage import job_usage_rows
+
+SYSTEM_USER = "allotment"
+"""Who the audit trail names for what the platform does by itself."""
+SYSTEM_SOURCE = "control-loop"
+IDLE_WARNING = "idle_warning"
+"""Event and alert kind of a warning before an idle job is reclaimed."""
+RECLAIM_ACTION = "job.reclaim"
+MAX_EVIDENCE = 120
+"""At most this many intervals are copied into an event as evidence (the newest)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UsageRow:
+    """One interval of one attempt's usage (a ``job_usage`` row)."""
+
+    start: float
+    length: float
+    samples: int
+    util_avg: float | None
+    util_max: float | None
+
+    def evidence(self) -> dict[str, Any]:
+        return {
+            "interval_start": self.start,
+            "interval_s": self.length,
+            "samples": self.samples,
+            "gpu_util_avg": self.util_avg,
+            "gpu_util_max": self.util_max,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunningAttempt:
+    """A running job's latest attempt, as :func:`decide` needs it."""
+
+    job_id: str
+    attempt: int
+    queue: str
+    type: str
+    started: float
+    gpus: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    """``warn`` or ``reclaim`` one attempt, with the ``reason`` (``idle`` or ``ttl``)
+    and the evidence that justified it."""
+
+    action: Literal["warn", "reclaim"]
+    job_id: str
+    attempt: int
+    reason: Literal["idle", "ttl"]
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def idle_run(
+    rows: Sequence[UsageRow], threshold: float, *, now: float, started: float
+) -> tuple[float, float, list[UsageRow]] | None:
+    """``(since, idle_for, run)``: when the trailing idle run began, how long it has
+    lasted, and its rows (oldest first); ``None`` without a current idle interval."""
+    if not rows:
+        return None
+    newest = rows[-1]
+    if newest.start + 2 * newest.length < now:
+        return None  # stale: the sampler has not written for over an interval
+    run: list[UsageRow] = []
+    for row in reversed(rows):
+        if row.util_max is None or row.util_max >= threshold or row.samples <= 0:
+            break
+        if run and row.start + row.length < run[-1].start - 1e-6:
+            break  # a gap: no evidence for the time between
+        run.append(row)
+    if not run:
+        return None
+    run.reverse()
+    first = run[0]
+    since = max(first.start + first.length, started)
+    until = min(now, newest.start + newest.length)
+    return since, max(0.0, until - since), run
+
+
+def decide(
+    now: float,
+    running: Sequence[RunningAttempt],
+    policy_of: Callable[[str], ReclaimPolicy | None],
+    usage: Mapping[tuple[str, int], Sequence[UsageRow]],
+    warned: Mapping[tuple[str, int], Sequence[float]],
+) -> list[Decision]:
+    """What to do now with each running attempt (see the module's docstring).
+    ``policy_of(queue)`` is the queue's effective policy; ``warned`` holds the times of
+    the idle warnings already given to each attempt."""
+    decisions: list[Decision] = []
+    for job in running:
+        policy = policy_of(job.queue)
+        if policy is None:
+            continue
+        ttl = policy.ttl(job.type)
+        if ttl is not None and now - job.started >= ttl:
+            decisions.append(
+                Decision(
+                    action="reclaim",
+                    job_id=job.job_id,
+                    attempt=job.attempt,
+                    reason="ttl",
+                    message=f"reclaimed: ran {format_duration(now - job.started)}, "
+                    f"past the {job.type} time to live of {format_duration(ttl)}",
+                    evidence={"started": job.started, "ran_s": now - job.started, "ttl_s": ttl},
+                )
+            )
+            continue
+        rule = policy.idle_rule(job.type)
+        if rule is None or job.gpus <= 0:
+            continue
+        threshold, window, warn_before = rule
+        found = idle_run(
+            usage.get((job.job_id, job.attempt), ()), threshold, now=now, started=job.started
+        )
+        if found is None:
+            continue
+        since, idle_for, run = found
+        evidence = {
+            "threshold_pct": threshold,
+            "window_s": window,
+            "warn_before_s": warn_before,
+            "idle_since": since,
+            "idle_s": idle_for,
+            "samples": [row.evidence() for row in run[-MAX_EVIDENCE:]],
+        }
+        warnings = [at for at in warned.get((job.job_id, job.attempt), ()) if at >= since]
+        if not warnings:
+            if idle_for >= window - warn_before:
+                left = max(0.0, window - idle_for)
+                decisions.append(
+                    Decision(
+                        action="warn",
+                        job_id=job.job_id,
+                        attempt=job.attempt,
+                        reason="idle",
+                        message=f"idle: GPU utilisation below {threshold:g}% for "
+                        f"{format_duration(idle_for)}; reclaimed in "
+                        f"{format_duration(max(left, warn_before))} unless it is used",
+                        evidence=evidence,
+                    )
+                )
+            continue
+        if idle_for >= window and now >= min(warnings) + warn_before:
+            decisions.append(
+                Decision(
+                    action="reclaim",
+                    job_id=job.job_id,
+                    attempt=job.attempt,
+                    reason="idle",
+                    message=f"reclaimed: GPU utilisation below {threshold:g}% for "
+                    f"{format_duration(idle_for)} (window {format_duration(window)})",
+                    evidence={**evidence, "warned_at": min(warnings)},
+                )
+            )
+    return decisions
+
+
+def _rows(rows: Sequence[Any]) -> list[UsageRow]:
+    return [
+        UsageRow(
+            start=r.interval_start,
+            length=r.interval_s,
+            samples=r.samples,
+            util_avg=r.gpu_util_avg,
+            util_max=r.gpu_util_max,
+        )
+        for r in rows
+    ]
+
+
+def gather(db: DbSession, cluster: Cluster, now: float) -> list[Decision]:
+    """Read the running attempts, their usage over the longest window in force, and
+    their warnings; return :func:`decide`'s answer."""
+    running: list[RunningAttempt] = []
+    horizon = 0.0
+    for job, attempt in open_attempts(db):
+        queue = cluster.queues.get(job.queue)
+        policy = None if queue is None else queue.reclaim
+        if job.state != JobState.RUNNING.value or policy is None:
+            continue
+        rule = policy.idle_rule(job.type)
+        if rule is not None:
+            horizon = max(horizon, rule[1])
+        gpus = sum(len(item.get("devices", ())) for item in attempt.allocation)
+        started = attempt.start_time if attempt.start_time is not None else job.updated_at
+        running.append(
+            RunningAttempt(
+                job_id=job.id,
+                attempt=attempt.number,
+                queue=job.queue,
+                type=job.type,
+                started=started,
+                gpus=gpus,
+            )
+        )
+    if not running:
+        return []
+    keys = [(r.job_id, r.attempt) for r in running]
+    usage = {
+        key: _rows(rows)
+        for key, rows in job_usage_rows(db, keys, since=now - 2 * horizon - 60).items()
+    }
+    warned: dict[tuple[str, int], list[float]] = {}
+    ids = [r.job_id for r in running]
+    for alert in db.scalars(select(Alert).where(Alert.kind == IDLE_WARNING, Alert.job_id.in_(ids))):
+        attempt_no = alert.detail.get("attempt")
+        if alert.job_id is not None and isinstance(attempt_no, int):
+            warned.setdefault((alert.job_id, attempt_no), []).append(alert.at)
+
+    def policy_of(name: str) -> ReclaimPolicy | None:
+        queue = cluster.queues.get(name)
+        return None if queue is None else queue.reclaim
+
+    return decide(now, running, policy_of, usage, warned)
+
+
+def apply(db: DbSession, decisions: Sequence[Decision], now: float) -> list[Decision]:
+    """Write ``decisions`` in ``db``'s transaction; return those applied (a job that
+    moved on since it was read is skipped)."""
+    done: list[Decision] = []
+    for decision in decisions:
+        job = get_job(db, decision.job_id, for_update=True)
+        if job.state != JobState.RUNNING.value or job.attempt != decision.attempt:
+            continue
+        detail = {"attempt": decision.attempt, "reason": decision.reason, **decision.evidence}
+        if decision.action == "warn":
+            since = decision.evidence.get("idle_since", now)
+            db.add(
+                Event(
+                    job_id=job.id,
+                    at=now,
+                    kind=IDLE_WARNING,
+                    message=decision.message,
+                    detail=detail,
+                )
+            )
+            db.add(
+                Alert(
+                    kind=IDLE_WARNING,
+                    job_id=job.id,
+                    tenant=job.tenant,
+                    queue=job.queue,
+                    dedupe_key=f"{IDLE_WARNING}:{job.id}:{decision.attempt}:{since:.3f}",
+                    at=now,
+                    message=decision.message,
+                    detail=detail,
+                    webhook=None,
+                    delivery="none",
+                )
+            )
+        else:
+            transition_job(
+                db,
+                job.id,
+                JobState.RECLAIMED,
+                job=job,
+                at=now,
+                message=decision.message,
+                detail=detail,
+            )
+            attempt = db.get(Attempt, (job.id, job.attempt))
+            if attempt is not None:
+                attempt.state = job.state
+                attempt.failure_class = job.failure_class
+            audit.append(
+                db,
+                at=now,
+                user=SYSTEM_USER,
+                tenant=job.tenant,
+                action=RECLAIM_ACTION,
+                object=job.id,
+                source=SYSTEM_SOURCE,
+                result="ok",
+                detail=detail,
+            )
+        db.flush()
+        done.append(decision)
+    return done

@@ -1,0 +1,2 @@
+"""GPU telemetry: where readings come from (:mod:`.sources`) and how samples are
+aggregated per interval (:mod:`.aggregate`). Imports only the domain."""

@@ -1,0 +1,70 @@
+"""The housekeeper beside the loop runner: started and stopped with it, sampling real
+replicas, surviving a failing step, and waking the loop after a reclamation."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from allotment.control.housekeeping import housekeeper_for
+from allotment.control.runner import LoopRunner
+from allotment.domain.lifecycle import JobState
+from allotment.domain.loading import load_cluster_text
+from allotment.store.models import JobUsage
+from tests.control.conftest import CLUSTER, MakeLoop, Submit, state_of, wait_until
+
+POLICY = """
+telemetry: {source: fake, file: gpus.json, interval: 0.1s, aggregate: 0.5s}
+"""
+
+
+def test_the_housekeeper_samples_and_reclaims_beside_the_runner(
+    make_loop: MakeLoop, sessions: sessionmaker[Session], submit: Submit, tmp_path: Path
+) -> None:
+    text = CLUSTER.read_text() + POLICY
+    text = text.replace(
+        "  - name: workstation\n",
+        "  - name: workstation\n    reclaim: {types: {notebook: {ttl: 1s}}}\n",
+    )
+    loop = make_loop()
+    loop.cluster = load_cluster_text(text)
+    (tmp_path / "gpus.json").write_text(json.dumps({"localhost/0": {"utilization": 50}}))
+    runner = LoopRunner(loop, tick_s=5.0)  # long ticks: only a wake-up turns it quickly
+    keeper = housekeeper_for(loop, wake=runner.wake, lock=runner.lock, base=tmp_path)
+    failures = iter([RuntimeError("one bad step")])
+    real_step = keeper.step
+
+    def step():  # type: ignore[no-untyped-def]
+        for exc in failures:
+            raise exc
+        return real_step()
+
+    keeper.step = step  # type: ignore[method-assign]
+    runner.companions.append(keeper)
+    runner.start()
+    try:
+        job_id = submit("import time; time.sleep(60)", fields={"type": "notebook"})
+        runner.wake()
+        wait_until(lambda: state_of(sessions, job_id) is JobState.RUNNING, "running")
+        wait_until(lambda: state_of(sessions, job_id) is JobState.RECLAIMED, "reclaimed")
+        # The reclamation woke the loop: the replica stops well before the next tick.
+        started = time.monotonic()
+        wait_until(
+            lambda: not any(not s.ended for s in loop.executor.observe().values()),
+            "stopped",
+            timeout=4.0,
+        )
+        assert time.monotonic() - started < 4.0
+        assert keeper.failures == 1 and keeper.steps > 1
+        assert keeper.reclaims == {"ttl": 1}
+        with sessions() as db:
+            rows = db.scalars(select(JobUsage).where(JobUsage.job_id == job_id)).all()
+        assert rows and all(r.gpu_util_max == 50 for r in rows if r.gpu_util_max is not None)
+        assert any(r.memory_max for r in rows)  # the replica's resident memory
+    finally:
+        runner.stop()
+    assert not runner.alive

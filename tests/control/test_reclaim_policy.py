@@ -1,0 +1,214 @@
+"""Idle and TTL reclamation decisions, without threads or a store: rows in, decisions
+out (:func:`allotment.control.reclaim.decide`), and the ``cluster.yaml`` shape."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from allotment.control.reclaim import Decision, RunningAttempt, UsageRow, decide, idle_run
+from allotment.domain.errors import ConfigError
+from allotment.domain.job import JobType
+from allotment.domain.loading import load_cluster_text
+from allotment.domain.reclaim import JOB_TYPES, IdlePolicy, ReclaimPolicy, TypePolicy
+
+POLICY = ReclaimPolicy(
+    idle=IdlePolicy(threshold=5, window=60, warn_before=20, exempt=["training"]),
+    types={"notebook": TypePolicy(idle_window=30, ttl=600), "service": TypePolicy(idle_window=120)},
+)
+
+
+def job(type: str = "notebook", *, started: float = 0.0, gpus: int = 1) -> RunningAttempt:
+    return RunningAttempt(job_id="j-1", attempt=1, queue="q", type=type, started=started, gpus=gpus)
+
+
+def rows(
+    utils: Sequence[float | None], *, start: float = 0.0, length: float = 1.0
+) -> list[UsageRow]:
+    return [
+        UsageRow(start=start + i * length, length=length, samples=1, util_avg=u, util_max=u)
+        for i, u in enumerate(utils)
+    ]
+
+
+def run(
+    now: float,
+    usage: list[UsageRow],
+    *,
+    attempt: RunningAttempt | None = None,
+    warned: Sequence[float] = (),
+    policy: ReclaimPolicy | None = POLICY,
+) -> list[Decision]:
+    attempt = attempt or job()
+    return decide(
+        now,
+        [attempt],
+        lambda _queue: policy,
+        {(attempt.job_id, attempt.attempt): usage},
+        {(attempt.job_id, attempt.attempt): list(warned)} if warned else {},
+    )
+
+
+def test_job_types_match_the_job_spec() -> None:
+    assert set(JOB_TYPES) == {t.value for t in JobType}
+
+
+def test_an_idle_notebook_is_warned_then_reclaimed_after_the_notice() -> None:
+    idle = rows([1.0] * 40)  # 40 one-second intervals below 5 %
+    # Idle for 39 s (the first interval is not counted): past 30 - 20, so a warning.
+    [warn] = run(40.0, idle)
+    assert (warn.action, warn.reason) == ("warn", "idle")
+    assert warn.evidence["samples"] and warn.evidence["idle_s"] == pytest.approx(39.0)
+    # Warned at 40: idle past its 30 s window, but the 20 s notice runs until 60.
+    assert run(45.0, rows([1.0] * 45), warned=[40.0]) == []
+    [reclaim] = run(60.0, rows([1.0] * 60), warned=[40.0])
+    assert (reclaim.action, reclaim.reason) == ("reclaim", "idle")
+    assert reclaim.evidence["warned_at"] == 40.0
+
+
+def test_a_busy_sample_ends_the_idle_run_and_its_warning() -> None:
+    usage = rows([1.0] * 30 + [50.0] + [1.0] * 5)
+    assert run(36.0, usage, warned=[20.0]) == []  # idle 5 s since the busy one
+
+
+def test_a_gap_in_the_samples_ends_the_evidence() -> None:
+    usage = rows([1.0] * 20) + rows([1.0] * 5, start=30.0)
+    found = idle_run(usage, 5.0, now=35.0, started=0.0)
+    assert found is not None and found[0] == 31.0
+
+
+def test_stale_samples_decide_nothing() -> None:
+    assert run(200.0, rows([0.0] * 100)) == []
+
+
+def test_exempt_types_and_jobs_without_gpus_are_never_reclaimed_for_idleness() -> None:
+    assert run(500.0, rows([0.0] * 500), attempt=job("training"), warned=[1.0]) == []
+    assert run(500.0, rows([0.0] * 500), attempt=job("batch", gpus=0), warned=[1.0]) == []
+
+
+def test_types_use_their_own_window() -> None:
+    usage = rows([0.0] * 100)
+    assert run(100.0, usage, attempt=job("service")) == []  # 120 s window: 100-20 reached
+    usage = rows([0.0] * 110)
+    [warn] = run(110.0, usage, attempt=job("service"))
+    assert warn.action == "warn"
+
+
+def test_without_an_idle_section_only_types_with_an_idle_window_are_watched() -> None:
+    policy = ReclaimPolicy(types={"notebook": TypePolicy(idle_window=10)})
+    assert run(50.0, rows([0.0] * 50), attempt=job("batch"), policy=policy) == []
+    assert [d.action for d in run(50.0, rows([0.0] * 50), policy=policy)] == ["warn"]
+
+
+def test_ttl_reclaims_a_notebook_that_ran_too_long_busy_or_not() -> None:
+    [d] = run(700.0, rows([90.0] * 10, start=690.0), attempt=job(started=50.0))
+    assert (d.action, d.reason) == ("reclaim", "ttl")
+    assert d.evidence["ttl_s"] == 600
+    assert run(500.0, rows([90.0] * 10, start=490.0), attempt=job(started=50.0)) == []
+
+
+def test_no_policy_no_decision() -> None:
+    assert run(1000.0, rows([0.0] * 1000), policy=None, warned=[1.0]) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    utils=st.lists(st.one_of(st.none(), st.floats(0, 100)), min_size=0, max_size=80),
+    length=st.sampled_from([0.5, 1.0, 5.0]),
+    started=st.floats(0, 60),
+    now_extra=st.floats(0, 10),
+    warned=st.lists(st.floats(0, 500), max_size=3),
+    type=st.sampled_from(JOB_TYPES),
+    threshold=st.floats(0, 100),
+    window=st.floats(1, 300),
+    warn_before=st.floats(0, 300),
+)
+def test_never_reclaimed_idle_before_its_window_passed_with_every_sample_below(
+    utils: list[float | None],
+    length: float,
+    started: float,
+    now_extra: float,
+    warned: list[float],
+    type: str,
+    threshold: float,
+    window: float,
+    warn_before: float,
+) -> None:
+    policy = ReclaimPolicy(
+        idle=IdlePolicy(
+            threshold=threshold, window=window, warn_before=warn_before, exempt=["training"]
+        )
+    )
+    usage = rows(utils, length=length)
+    now = len(utils) * length + now_extra
+    attempt = job(type, started=started)
+    for d in run(now, usage, attempt=attempt, warned=warned, policy=policy):
+        assert type != "training"  # exempt types never
+        if d.action != "reclaim":
+            continue
+        # The evidence: every interval from the start of the idle time to the newest
+        # sample was measured and below the threshold, and they span the window.
+        since = d.evidence["idle_since"]
+        covering = [r for r in usage if r.start + r.length > since]
+        assert covering and all(r.util_max is not None and r.util_max < threshold for r in covering)
+        assert min(now, usage[-1].start + usage[-1].length) - since >= window
+        assert since >= started
+        # ... and a warning was given at least warn_before ago.
+        assert any(w >= since and now - w >= min(warn_before, window) for w in warned)
+
+
+CLUSTER = """
+pools: [{name: p}]
+nodes: [{name: n, pool: p, capacity: {gpu: 2}}]
+tenants: [{name: t, scratch_expiry: 7d, scratch_grace: 1h}]
+telemetry: {source: fake, file: gpus.json, interval: 1s, aggregate: 2s, retention: 1d}
+orphans: kill
+queues:
+  - name: root
+    reclaim:
+      idle: {threshold: 5%, window: 30m, warn_before: 10m, exempt: [training]}
+      types:
+        notebook: {idle_window: 1h, ttl: 12h}
+    children:
+      - {name: a, tenant: t}
+      - name: b
+        tenant: t
+        reclaim: {types: {service: {idle_window: 4h}}}
+"""
+
+
+def test_the_cluster_file_shape_and_inheritance() -> None:
+    cluster = load_cluster_text(CLUSTER)
+    a = cluster.queues["a"].reclaim
+    assert a is not None and a.idle_rule("notebook") == (5.0, 3600.0, 600.0)
+    assert a.idle_rule("training") is None and a.ttl("notebook") == 12 * 3600
+    b = cluster.queues["b"].reclaim  # its own, whole: no idle section, no notebook TTL
+    assert b is not None and b.idle_rule("notebook") is None
+    assert b.idle_rule("service") == (5.0, 4 * 3600.0, 600.0)
+    assert cluster.tenants["t"].scratch_expiry == 7 * 86400
+    assert cluster.source.telemetry.source == "fake" and cluster.source.orphans == "kill"
+
+
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ("reclaim: {idle: {treshold: 5}}", "treshold"),
+        ("reclaim: {types: {notbook: {ttl: 1h}}}", "notbook"),
+        ("reclaim: {idle: {threshold: 150%}}", "threshold"),
+    ],
+)
+def test_mistakes_in_a_policy_are_errors_naming_the_key(bad: str, says: str) -> None:
+    text = f"pools: [{{name: p}}]\nqueues:\n  - name: q\n    {bad}\n"
+    with pytest.raises(ConfigError) as info:
+        load_cluster_text(text)
+    assert says in str(info.value)
+
+
+def test_telemetry_settings_are_checked() -> None:
+    with pytest.raises(ConfigError, match="file"):
+        load_cluster_text("telemetry: {source: fake}\n")
+    with pytest.raises(ConfigError, match="aggregate"):
+        load_cluster_text("telemetry: {interval: 1m, aggregate: 10s}\n")
