@@ -12,6 +12,9 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from tests.accounting import rows
+from tests.api.conftest import serve
+from tests.api.tenancy import CLUSTER
 from typer.testing import CliRunner
 
 from allotment.api.app import create_app
@@ -20,9 +23,6 @@ from allotment.cli.report import CSV_COLUMNS
 from allotment.domain.loading import load_cluster_text
 from allotment.store import migrate
 from allotment.store.db import make_engine, session_factory
-from tests.accounting import rows
-from tests.api.conftest import serve
-from tests.api.tenancy import CLUSTER
 
 PRICED = CLUSTER.replace("pools: [{name: local}]", "pools: [{name: local, price_per_gpu_hour: 3}]")
 T0 = 1_800_000_000.0
