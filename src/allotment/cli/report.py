@@ -92,7 +92,12 @@ def ratio(value: float | None) -> str:
 
 
 def moment(at: float) -> str:
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    """Seconds since the epoch as ``2026-11-30 08:00 UTC`` (the number itself when out of
+    the calendar's range)."""
+    try:
+        return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    except (OverflowError, ValueError, OSError):
+        return f"{at:g} s since the epoch"
 
 
 @dataclass(frozen=True, slots=True)
