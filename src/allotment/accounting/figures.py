@@ -21,6 +21,7 @@ until)``, with ``s`` the clipped seconds:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -138,25 +139,27 @@ class AttemptRecord:
         return self.input.gpu_milli / MILLI
 
 
-def covered(samples: Iterable[UsageSample], lo: float, hi: float) -> tuple[Fraction, Fraction]:
+def covered(samples: Iterable[UsageSample], lo: float, hi: float) -> tuple[float, float]:
     """Seconds of ``[lo, hi)`` covered by measured samples, and the utilisation-weighted
-    seconds (Σ len·util/100), each instant counted once (the earlier sample wins)."""
-    seconds = Fraction(0)
-    busy = Fraction(0)
+    seconds (sum of len x util/100, util clamped to 0..100), each instant counted once
+    (the earlier sample wins). Samples without a finite utilisation are unmeasured."""
+    lengths: list[float] = []
+    busy: list[float] = []
     reached = lo
     for sample in sorted(samples, key=lambda s: (s.start, s.length)):
-        if sample.util is None or sample.length <= 0:
+        util = sample.util
+        if util is None or not math.isfinite(util) or not math.isfinite(sample.start):
+            continue
+        if not sample.length > 0:
             continue
         a = max(sample.start, reached)
         b = min(sample.start + sample.length, hi)
-        if b <= a:
+        if not b > a:
             continue
-        length = Fraction(b) - Fraction(a)
-        util = min(max(Fraction(sample.util), Fraction(0)), Fraction(100))
-        seconds += length
-        busy += length * util / 100
+        lengths.append(b - a)
+        busy.append((b - a) * min(max(util, 0.0), 100.0) / 100)
         reached = b
-    return seconds, busy
+    return math.fsum(lengths), math.fsum(busy)
 
 
 def attempt_record(item: AttemptInput, window: Window, price: float) -> AttemptRecord | None:
@@ -171,8 +174,9 @@ def attempt_record(item: AttemptInput, window: Window, price: float) -> AttemptR
     gpus = Fraction(item.gpu_milli, MILLI)
     measured_s, busy_s = covered(item.samples, lo, hi)
     allocated = to_micro(gpus * seconds / HOUR)
-    measured = to_micro(gpus * measured_s / HOUR)
-    used = to_micro(gpus * busy_s / HOUR)
+    # Sums of floats may pass their bounds by an ulp: keep used <= measured <= allocated.
+    measured = min(allocated, to_micro(gpus * Fraction(measured_s) / HOUR))
+    used = min(measured, to_micro(gpus * Fraction(busy_s) / HOUR))
     figures = Figures(
         allocated=allocated,
         used=used,
@@ -278,8 +282,8 @@ def timeline(records: Sequence[AttemptRecord], window: Window, buckets: int) -> 
                 continue
             alloc[i] += gpus * (b - a)
             seconds, busy = covered(record.input.samples, a, b)
-            measured[i] += gpus * float(seconds)
-            used[i] += gpus * float(busy)
+            measured[i] += gpus * seconds
+            used[i] += gpus * busy
     return [
         Bucket(
             start=edges[i],
