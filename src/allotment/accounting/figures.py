@@ -1,9 +1,11 @@
 """The usage figures of one attempt in a window, and their sums per group.
 
-Every figure of an attempt is computed exactly (``Fraction``) and rounded once, half to
-even, to an integer number of *micro-units* (10⁻⁶ GPU-hour, core-hour, GiB-hour or unit
-of cost). A group's figures are integer sums of its attempts' figures, so a total is
-exactly the sum of the records it covers, whatever the grouping or the order.
+Every figure of an attempt is computed with exact rational arithmetic from its held
+time, its amounts and its (correctly rounded, ``math.fsum``) sample sums, and rounded
+once, half to even, to an integer number of *micro-units* (10⁻⁶ GPU-hour, core-hour,
+GiB-hour or unit of cost). A group's figures are integer sums of its attempts'
+figures, so a total is exactly the sum of the records it covers, whatever the grouping
+or the order.
 
 For an attempt holding ``g`` GPUs over ``[start, end)`` (``end``: when its last replica
 was gone, or the window's end while it is open), clipped to the window ``[since,
