@@ -116,6 +116,9 @@ def test_an_absolute_window(people: People) -> None:
     report = people["root"].report(since="2027-01-15T08:00:00Z", until=str(NOW), by="pool")
     assert (report["since"], report["until"]) == (T0, NOW)
     assert report["total"]["allocated_gpu_hours"] == 7.5
+    ahead = people["root"].report(since="2d", until=str(NOW + 86400), by="tenant", jobs=True)
+    [open_one] = [r for r in ahead["records"] if r["open"]]
+    assert open_one["job"] == "j-v2" and open_one["held_until"] == NOW  # not the future
     narrow = people["root"].report(since="1h", until=str(T0 + 2 * 3600), by="pool")
     assert narrow["total"]["allocated_gpu_hours"] == 2  # j-v1, T0+1h..T0+2h
 

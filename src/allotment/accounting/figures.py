@@ -164,10 +164,16 @@ def covered(samples: Iterable[UsageSample], lo: float, hi: float) -> tuple[float
     return math.fsum(lengths), math.fsum(busy)
 
 
-def attempt_record(item: AttemptInput, window: Window, price: float) -> AttemptRecord | None:
+def attempt_record(
+    item: AttemptInput, window: Window, price: float, *, now: float | None = None
+) -> AttemptRecord | None:
     """The attempt's figures within ``window`` at ``price`` per GPU-hour; ``None`` when
-    it held nothing in the window."""
-    end = window.until if item.end is None else item.end
+    it held nothing in the window. An open attempt counts up to the window's end, or up
+    to ``now`` when that is earlier (nothing is charged for the future)."""
+    if item.end is not None:
+        end = item.end
+    else:
+        end = window.until if now is None else min(window.until, now)
     span = window.clip(item.start, end)
     if span is None:
         return None
@@ -199,11 +205,16 @@ def attempt_record(item: AttemptInput, window: Window, price: float) -> AttemptR
 
 
 def records_for(
-    items: Iterable[AttemptInput], window: Window, price_of: Callable[[str], float]
+    items: Iterable[AttemptInput],
+    window: Window,
+    price_of: Callable[[str], float],
+    *,
+    now: float | None = None,
 ) -> list[AttemptRecord]:
     """The records of ``items`` that held something in ``window``, in job and attempt
-    order; ``price_of(pool)`` is the pool's price per GPU-hour."""
-    records = [attempt_record(item, window, price_of(item.pool)) for item in items]
+    order; ``price_of(pool)`` is the pool's price per GPU-hour; open attempts count up
+    to ``now`` when it is before the window's end."""
+    records = [attempt_record(item, window, price_of(item.pool), now=now) for item in items]
     kept = [r for r in records if r is not None]
     kept.sort(key=lambda r: (r.input.job, r.input.attempt))
     return kept

@@ -61,17 +61,19 @@ def build_report(
     by: str,
     tenant: str | None,
     price_of: Callable[[str], float],
+    now: float | None = None,
 ) -> Report:
     """The report of ``window`` grouped ``by`` a key of
     :data:`~allotment.accounting.figures.GROUPINGS`, over ``tenant``'s jobs (``None``:
-    all); ``price_of(pool)`` is a pool's price per GPU-hour."""
+    all); ``price_of(pool)`` is a pool's price per GPU-hour. Open attempts count up to
+    the window's end, or ``now`` when earlier."""
     if by not in GROUPINGS:
         raise InvalidInput(
             f"cannot group a report by {by!r}; use one of: {', '.join(GROUPINGS)}",
             fields={"by": by, "allowed": list(GROUPINGS)},
         )
     items = source.attempts(session, window, tenant)
-    records = records_for(items, window, price_of)
+    records = records_for(items, window, price_of, now=now)
     history = source.histories(session, window, tenant)
     found = waits(history.moves, history.labels, window)
     failures: Counter[tuple[str, str, str, str]] = Counter()

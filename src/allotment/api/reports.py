@@ -134,5 +134,5 @@ def usage_report(
         return found.price_per_gpu_hour if found is not None else 0.0
 
     with sessions() as session:
-        report = build_report(session, window, by=by, tenant=tenant, price_of=price_of)
+        report = build_report(session, window, by=by, tenant=tenant, price_of=price_of, now=now)
     return report_out(report, tenant=tenant, records=records)
