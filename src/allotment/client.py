@@ -253,6 +253,28 @@ class AllotmentClient:
         body: dict[str, Any] = self._request("GET", "/audit/verify")
         return body
 
+    def report(
+        self,
+        *,
+        since: str = "7d",
+        until: str | None = None,
+        by: str = "tenant",
+        jobs: bool = False,
+    ) -> dict[str, Any]:
+        """The usage report of ``since`` (a duration before ``until``, or a time) to
+        ``until`` (an ISO 8601 time or seconds since the epoch; default now), grouped
+        ``by`` tenant, queue, pool, user or type: ``{since, until, by, tenant, rows,
+        total, cost_by_tenant, waits, waits_total, wait_histogram, failures,
+        interruptions, timeline, records}`` (``records``, one per attempt, with
+        ``jobs``)."""
+        params: dict[str, str] = {"since": since, "by": by}
+        if until is not None:
+            params["until"] = until
+        if jobs:
+            params["jobs"] = "true"
+        body: dict[str, Any] = self._request("GET", "/report", params=params)
+        return body
+
     def health(self) -> dict[str, Any]:
         body: dict[str, Any] = self._request("GET", "/healthz")
         return body

@@ -38,6 +38,7 @@ class Action(StrEnum):
     TOKEN_MANAGE = "issuing or revoking tokens"
     AUDIT_READ = "reading the audit trail"
     AUDIT_VERIFY = "verifying the whole audit chain"
+    REPORT_READ = "reading usage and cost reports"
 
 
 PLATFORM = None
@@ -47,6 +48,7 @@ RULES: dict[Action, Role | None] = {
     Action.JOB_READ: Role.VIEWER,
     Action.QUEUE_READ: Role.VIEWER,
     Action.FLEET_READ: Role.VIEWER,
+    Action.REPORT_READ: Role.VIEWER,  # its tenant's jobs only
     Action.JOB_SUBMIT: Role.MEMBER,
     Action.JOB_CANCEL: Role.MEMBER,  # its own jobs; a tenant admin any of the tenant's
     Action.TOKEN_READ: Role.ADMIN,

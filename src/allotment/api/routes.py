@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Depends, Query, Request
 
-from allotment.api import audit, schemas
+from allotment.api import audit, reports, schemas
 from allotment.api.access import CurrentPrincipal, Service, Tokens, allowed, on_job, principal
 from allotment.api.auth import Principal
 from allotment.api.logs import MAX_CHUNK
@@ -44,6 +44,7 @@ ClusterReader = Annotated[Principal, Depends(allowed(Action.CLUSTER_READ))]
 ClusterApplier = Annotated[Principal, Depends(allowed(Action.CLUSTER_APPLY))]
 AuditReader = Annotated[Principal, Depends(allowed(Action.AUDIT_READ))]
 AuditVerifier = Annotated[Principal, Depends(allowed(Action.AUDIT_VERIFY))]
+ReportReader = Annotated[Principal, Depends(allowed(Action.REPORT_READ))]
 
 
 def queue_owned(queue: Queue) -> Owned:
@@ -208,6 +209,31 @@ def audit_records(
 def audit_verify(svc: Service, who: AuditVerifier) -> schemas.AuditVerifyOut:
     """Check the audit chain; name the first edited, deleted or reordered record."""
     return audit.verify_audit(svc.sessions)
+
+
+@router.get("/report", response_model=schemas.ReportOut)
+def report(
+    svc: Service,
+    who: ReportReader,
+    since: Annotated[str, Query(min_length=1, max_length=64)] = "7d",
+    until: Annotated[str | None, Query(max_length=64)] = None,
+    by: Literal["tenant", "queue", "pool", "user", "type"] = "tenant",
+    jobs: bool = False,
+) -> schemas.ReportOut:
+    """Usage, waste and cost per group, waits, failures, preemptions and reclaims over
+    ``since`` (a duration before ``until``, or a time) to ``until`` (a time; default
+    now); ``jobs=true`` adds one record per attempt. A tenant's principal sees only its
+    tenant's jobs."""
+    return reports.usage_report(
+        svc.sessions,
+        svc.cluster,
+        since=since,
+        until=until,
+        by=by,
+        tenant=visible_tenant(who),
+        records=jobs,
+        now=svc.clock(),
+    )
 
 
 @open_router.get("/healthz", response_model=schemas.Health)

@@ -373,3 +373,129 @@ class AuditVerifyOut(Output):
     first_bad: AuditProblem | None
     checked: int
     head_hash: str
+
+
+# ---------------------------------------------------------------- report
+
+
+class UsageRow(Output):
+    """Usage of one group (or ``total``) in the report's window. GPU-hours, core-hours,
+    GiB-hours and cost are decimals of at most 6 places; a group's figures are exactly
+    the sums of its attempts' records. ``utilization`` = used / (used + idle), the share
+    of measured GPU time that was busy; ``measured_fraction`` = (used + idle) /
+    allocated; both null when undefined."""
+
+    key: str
+    jobs: int
+    attempts: int
+    allocated_gpu_hours: float
+    used_gpu_hours: float
+    idle_gpu_hours: float
+    unmeasured_gpu_hours: float
+    measured_fraction: float | None
+    utilization: float | None
+    cpu_hours: float
+    memory_gib_hours: float
+    cost: float
+
+
+class AttemptUsage(Output):
+    """One attempt's share of the window (``held_from``..``held_until``, seconds since
+    the epoch; ``open``: still holding its allocation at the window's end)."""
+
+    job: str
+    attempt: int
+    tenant: str
+    queue: str
+    pool: str
+    user: str
+    type: str
+    priority_class: str
+    state: str
+    failure_class: str | None
+    held_from: float
+    held_until: float
+    open: bool
+    seconds: float
+    gpus: float
+    price_per_gpu_hour: float
+    allocated_gpu_hours: float
+    used_gpu_hours: float
+    idle_gpu_hours: float
+    unmeasured_gpu_hours: float
+    cpu_hours: float
+    memory_gib_hours: float
+    cost: float
+
+
+class WaitRow(Output):
+    """Waits ended by an admission in the window (seconds; nearest-rank percentiles),
+    and the jobs still waiting at its end. ``queue`` and ``priority_class`` are null on
+    the total."""
+
+    queue: str | None
+    priority_class: str | None
+    count: int
+    mean_s: float | None
+    p50_s: float | None
+    p95_s: float | None
+    max_s: float | None
+    waiting: int
+    waiting_max_s: float | None
+
+
+class WaitBin(Output):
+    label: str
+    upper_s: float | None
+    """Exclusive upper bound; null for the last, open bin."""
+    count: int
+
+
+class FailureRow(Output):
+    failure_class: str
+    pool: str
+    queue: str
+    type: str
+    count: int
+
+
+class InterruptionRow(Output):
+    """Preemptions (``kind`` ``preempted``, ``reason`` the cause) and reclamations
+    (``reclaimed``, ``reason`` such as ``idle``) of a queue's jobs."""
+
+    kind: str
+    reason: str
+    queue: str
+    count: int
+
+
+class TimelinePoint(Output):
+    """Average GPUs over ``start``..``end``: allocated, covered by samples, and used."""
+
+    start: float
+    end: float
+    allocated_gpus: float
+    measured_gpus: float
+    used_gpus: float
+
+
+class ReportOut(Output):
+    """``GET /report``: usage, waste and cost per group, waits, failures, preemptions and
+    reclaims over ``since``..``until`` (seconds since the epoch)."""
+
+    since: float
+    until: float
+    by: str
+    tenant: str | None
+    """The tenant the report is narrowed to; null: every tenant (a platform admin)."""
+    rows: list[UsageRow]
+    total: UsageRow
+    cost_by_tenant: list[UsageRow]
+    waits: list[WaitRow]
+    waits_total: WaitRow
+    wait_histogram: list[WaitBin]
+    failures: list[FailureRow]
+    interruptions: list[InterruptionRow]
+    timeline: list[TimelinePoint]
+    records: list[AttemptUsage] | None = None
+    """One per attempt, when asked for with ``jobs=true``."""
