@@ -373,3 +373,30 @@ class AuditVerifyOut(Output):
     first_bad: AuditProblem | None
     checked: int
     head_hash: str
+
+
+# ---------------------------------------------------------------- alerts
+
+
+class AlertOut(Output):
+    """One alert (``kind``: ``max_wait``, …) and the state of its webhook delivery:
+    ``pending``, ``delivered``, ``failed`` (tries exhausted) or ``none`` (no webhook)."""
+
+    id: int
+    kind: str
+    job: str | None
+    tenant: str | None
+    queue: str | None
+    at: float
+    message: str
+    detail: dict[str, Any] = Field(default_factory=dict)
+    delivery: str
+    tries: int
+    next_try_at: float | None
+    delivered_at: float | None
+    last_error: str | None
+
+
+class AlertPage(Output):
+    alerts: list[AlertOut]
+    next_after: int | None = None

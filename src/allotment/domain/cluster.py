@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from enum import StrEnum
 from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -19,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    field_validator,
     model_validator,
 )
 
@@ -174,12 +176,32 @@ class Member(Model):
     role: Role = Role.MEMBER
 
 
+class Webhook(Model):
+    """Where a tenant's alerts are POSTed as JSON (``http`` or ``https`` only); with a
+    ``secret``, each body is signed (HMAC-SHA256, header ``X-Allotment-Signature``)."""
+
+    url: Annotated[str, Field(min_length=1, max_length=2048)]
+    secret: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                f"webhook url {value!r} must be an http:// or https:// URL with a host"
+            )
+        return value
+
+
 class Tenant(Model):
     """The isolation boundary: members with roles and declared data scopes."""
 
     name: Name
     data_scopes: list[str] = Field(default_factory=list)
     members: list[Member] = Field(default_factory=list)
+    webhook: Webhook | None = None
+    """Where this tenant's alerts (e.g. ``max_wait``) are delivered; none: not sent."""
 
 
 PreemptionMode = Literal["never", "lower_priority", "any"]
