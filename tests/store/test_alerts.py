@@ -4,6 +4,9 @@ the end of its attempt."""
 
 from __future__ import annotations
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -13,8 +16,9 @@ from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import FailureClass, JobState
 from allotment.domain.loading import load_cluster_text
 from allotment.store.alerts import ALERT, NewAlert, fire_alert, list_alerts
+from allotment.store.db import make_engine, session_factory
 from allotment.store.jobs import create_job, events_for, requeue_job, transition_job
-from allotment.store.models import Alert, Attempt
+from allotment.store.models import Alert, Attempt, Base
 
 S = JobState
 T0 = 1_800_000_000.0
@@ -180,3 +184,48 @@ def test_listing_is_narrowed_to_a_tenant(sessions: sessionmaker[Session]) -> Non
         assert [a.job_id for a in list_alerts(db, tenant="vision")] == [mine]
         assert [a.job_id for a in list_alerts(db)] == [mine, theirs]
         assert [a.job_id for a in list_alerts(db, tenant="nlp", kind="max_wait")] == [theirs]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    waits=st.lists(
+        st.tuples(
+            st.sampled_from(["fast", "slow"]),
+            st.integers(min_value=0, max_value=7200),
+            st.one_of(st.none(), st.integers(min_value=0, max_value=7200)),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    checks=st.lists(st.integers(min_value=0, max_value=10_000), min_size=1, max_size=6),
+)
+def test_an_alert_fires_once_exactly_when_some_check_saw_the_wait_overdue(
+    tmp_path_factory: pytest.TempPathFactory,
+    waits: list[tuple[str, int, int | None]],
+    checks: list[int],
+) -> None:
+    """Jobs submitted at ``T0 + offset`` (admitted at ``T0 + admitted`` when given),
+    checked at increasing times: a job has one alert iff some check before its admission
+    found it waiting at least its limit, and never more than one."""
+    engine = make_engine(f"sqlite:///{tmp_path_factory.mktemp('prop') / 'a.db'}")
+    Base.metadata.create_all(engine)
+    sessions = session_factory(engine)
+    limits = max_waits(cluster())
+    jobs: list[tuple[str, float, float | None, float]] = []
+    for queue, offset, admitted_after in waits:
+        job_id = submit(sessions, queue, at=T0 + offset)
+        admitted = None if admitted_after is None else T0 + offset + admitted_after
+        jobs.append((job_id, T0 + offset, admitted, limits[queue]))
+    admissions = sorted((a, j) for j, _, a, _ in jobs if a is not None)
+    for when in sorted(T0 + c for c in checks):
+        while admissions and admissions[0][0] <= when:
+            with sessions.begin() as db:
+                transition_job(db, admissions.pop(0)[1], S.ADMITTED, at=when, message="a")
+        fire_max_wait_alerts(sessions, cluster(), now=when)
+    fired = {a.job_id for a in alerts(sessions)}
+    assert len(alerts(sessions)) == len(fired)  # at most one each
+    times = sorted(T0 + c for c in checks)
+    for job_id, submitted, admitted, limit in jobs:
+        expected = any(t - submitted >= limit and (admitted is None or t < admitted) for t in times)
+        assert (job_id in fired) == expected, (job_id, submitted, admitted, limit)
+    engine.dispose()
