@@ -40,7 +40,9 @@ DEFAULT_RECONCILE_EVERY_S = 30.0
 
 
 class LoopRunner:
-    """Drives ``loop`` until :meth:`stop`. ``monotonic`` is for tests."""
+    """Drives ``loop`` until :meth:`stop`. ``steps`` run after each cycle, in order, on
+    the runner's thread (they must be quick: they hold up the next turn). ``monotonic``
+    is for tests."""
 
     def __init__(
         self,
