@@ -335,7 +335,7 @@ class Server:
         if self.election is not None:
             self.election.stop()
         if self.webhooks is not None:
-            self.webhooks.stop()
+            self.webhooks.stop(timeout=2.0)  # a try cut short is made again (its lease expires)
         if self.engine is not None:
             self.engine.dispose()
 

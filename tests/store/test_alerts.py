@@ -158,6 +158,16 @@ def test_a_retry_waits_from_its_back_off(sessions: sessionmaker[Session]) -> Non
     assert len(fire_max_wait_alerts(sessions, cluster(), now=T0 + 4200)) == 1
 
 
+def test_a_backlog_fires_a_bounded_number_per_check_oldest_first(
+    sessions: sessionmaker[Session],
+) -> None:
+    jobs = [submit(sessions, "fast", at=T0 + i) for i in range(3)]
+    assert len(fire_max_wait_alerts(sessions, cluster(), now=T0 + 3600, most=2)) == 2
+    assert [a.job_id for a in alerts(sessions)] == jobs[:2]
+    assert len(fire_max_wait_alerts(sessions, cluster(), now=T0 + 3601, most=2)) == 1
+    assert [a.job_id for a in alerts(sessions)] == jobs
+
+
 def test_fire_alert_tolerates_the_same_key(sessions: sessionmaker[Session]) -> None:
     job = submit(sessions, "fast", at=T0)
     new = NewAlert(

@@ -196,7 +196,7 @@ class StoreCollector(Collector):
             "GPUs of a queue's subtree in a pool: nominal quota, used, and borrowed.",
             labels=["queue", "tenant", "pool", "kind"],
         )
-        tree = fleet.queue_tree(self.cluster(), fleet.Usage(db))
+        tree = fleet.queue_tree(self.cluster(), fleet.Usage(db, count_pending=False))
         stack = list(tree.queues)
         while stack:
             queue: schemas.QueueUsageOut = stack.pop()

@@ -15,8 +15,9 @@ ignores a dedupe key that exists, so checking twice, on two servers or after a
 restart, fires nothing new. Being admitted in time fires nothing; a requeued job may
 fire again for its new wait.
 
-The check is one query: waiting jobs of queues with a limit, submitted before
-``now - max_wait``, without an alert for their current wait. It writes only rows.
+The check is one query: waiting jobs of queues with a limit, waiting since before
+``now - max_wait``, without an alert for their current wait; it fires at most
+:data:`MAX_PER_CHECK` alerts (oldest first) and writes only rows.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import String, and_, cast, exists, literal, or_, select
+from sqlalchemy import String, and_, cast, exists, func, literal, or_, select
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
@@ -42,6 +43,11 @@ MAX_WAIT = "max_wait"
 """Alert kind."""
 
 DEFAULT_CHECK_EVERY_S = 1.0
+
+MAX_PER_CHECK = 100
+"""Most alerts one check fires, so that a backlog overdue at once (after a long
+outage, or a lowered ``max_wait``) never holds a turn up long; the rest fire at the
+next checks, oldest first."""
 
 
 def max_waits(cluster: Cluster) -> dict[str, float]:
@@ -77,9 +83,11 @@ class Overdue:
     reason_message: str | None
 
 
-def overdue_jobs(db: DbSession, cluster: Cluster, *, now: float) -> list[Overdue]:
+def overdue_jobs(
+    db: DbSession, cluster: Cluster, *, now: float, limit_rows: int = MAX_PER_CHECK
+) -> list[Overdue]:
     """Waiting jobs past their queue's limit and not yet alerted for this wait, in
-    submission order. One query; reads only."""
+    submission order, at most ``limit_rows``. One query; reads only."""
     by_limit: dict[float, list[str]] = defaultdict(list)
     limits = max_waits(cluster)
     for queue, limit in limits.items():
@@ -87,6 +95,12 @@ def overdue_jobs(db: DbSession, cluster: Cluster, *, now: float) -> list[Overdue
     if not by_limit:
         return []
     key = literal(f"{MAX_WAIT}:") + Job.id + literal(":") + cast(Job.attempt, String)
+    greatest = func.greatest if db.get_bind().dialect.name == "postgresql" else func.max
+    since = greatest(
+        Job.submit_time,
+        func.coalesce(Attempt.end_time, Job.submit_time),
+        func.coalesce(Job.not_before, Job.submit_time),
+    )
     query = (
         select(
             Job.id,
@@ -105,21 +119,22 @@ def overdue_jobs(db: DbSession, cluster: Cluster, *, now: float) -> list[Overdue
             Job.state.in_([s.value for s in WAITING]),
             or_(
                 *(
-                    and_(Job.queue.in_(sorted(queues)), Job.submit_time <= now - limit)
+                    and_(
+                        Job.queue.in_(sorted(queues)),
+                        Job.submit_time <= now - limit,
+                        since <= now - limit,
+                    )
                     for limit, queues in sorted(by_limit.items())
                 )
             ),
             ~exists().where(Alert.dedupe_key == key),
         )
         .order_by(Job.submit_time, Job.id)
+        .limit(limit_rows)
     )
     found: list[Overdue] = []
     for row in db.execute(query).tuples():
         job_id, name, tenant, queue, attempt, submitted, not_before, code, message, ended = row
-        since = max(submitted, ended or submitted, not_before or submitted)
-        limit = limits[queue]
-        if now - since < limit:
-            continue  # requeued, or backing off, since: its wait began later
         found.append(
             Overdue(
                 job=job_id,
@@ -127,8 +142,8 @@ def overdue_jobs(db: DbSession, cluster: Cluster, *, now: float) -> list[Overdue
                 tenant=tenant,
                 queue=queue,
                 attempt=attempt,
-                since=since,
-                limit=limit,
+                since=max(submitted, ended or submitted, not_before or submitted),
+                limit=limits[queue],
                 reason_code=code,
                 reason_message=message,
             )
@@ -166,13 +181,18 @@ def alert_of(job: Overdue, cluster: Cluster, *, now: float) -> NewAlert:
 
 
 def fire_max_wait_alerts(
-    sessions: sessionmaker[DbSession], cluster: Cluster, *, now: float
+    sessions: sessionmaker[DbSession],
+    cluster: Cluster,
+    *,
+    now: float,
+    most: int = MAX_PER_CHECK,
 ) -> list[int]:
-    """Fire the ``max_wait`` alerts due at ``now``, in one transaction; return the ids
-    of the alerts that fired (none that had fired before)."""
+    """Fire the ``max_wait`` alerts due at ``now`` (at most ``most``, the longest
+    waiting first), in one transaction; return the ids of the alerts that fired (none
+    that had fired before)."""
     fired: list[int] = []
     with sessions.begin() as db:
-        for job in overdue_jobs(db, cluster, now=now):
+        for job in overdue_jobs(db, cluster, now=now, limit_rows=most):
             alert_id = fire_alert(db, alert_of(job, cluster, now=now), at=now)
             if alert_id is not None:
                 fired.append(alert_id)

@@ -1,6 +1,7 @@
 """The alert repository: firing an alert once, claiming its webhook delivery, listing.
 
-Functions take a ``Session`` and flush but never commit, except where they say so.
+Functions take a ``Session`` and never commit; the caller's transaction decides what
+lands together (the events :func:`fire_alert` adds are flushed with it).
 :func:`fire_alert` inserts with ``ON CONFLICT (dedupe_key) DO NOTHING`` (SQLite and
 PostgreSQL alike), so two checks — on two servers, or before and after a restart — fire
 an alert once. Deliveries are claimed with a lease (:func:`claim_delivery`): the claim
@@ -91,7 +92,6 @@ def fire_alert(session: Session, alert: NewAlert, *, at: float) -> int | None:
                 detail={"alert": alert.kind, "alert_id": alert_id, **alert.detail},
             )
         )
-    session.flush()
     return int(alert_id)
 
 
