@@ -17,7 +17,7 @@ fire again for its new wait.
 
 The check is one query: waiting jobs of queues with a limit, waiting since before
 ``now - max_wait``, without an alert for their current wait; it fires at most
-:data:`MAX_PER_CHECK` alerts (oldest first) and writes only rows.
+:data:`MAX_PER_CHECK` alerts (earliest submitted first) and writes only rows.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ DEFAULT_CHECK_EVERY_S = 1.0
 MAX_PER_CHECK = 100
 """Most alerts one check fires, so that a backlog overdue at once (after a long
 outage, or a lowered ``max_wait``) never holds a turn up long; the rest fire at the
-next checks, oldest first."""
+next checks, earliest submitted first."""
 
 
 def max_waits(cluster: Cluster) -> dict[str, float]:
@@ -187,8 +187,8 @@ def fire_max_wait_alerts(
     now: float,
     most: int = MAX_PER_CHECK,
 ) -> list[int]:
-    """Fire the ``max_wait`` alerts due at ``now`` (at most ``most``, the longest
-    waiting first), in one transaction; return the ids of the alerts that fired (none
+    """Fire the ``max_wait`` alerts due at ``now`` (at most ``most``, the earliest
+    submitted first), in one transaction; return the ids of the alerts that fired (none
     that had fired before)."""
     fired: list[int] = []
     with sessions.begin() as db:
