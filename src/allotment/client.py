@@ -275,6 +275,24 @@ class AllotmentClient:
         body: dict[str, Any] = self._request("GET", "/report", params=params)
         return body
 
+    def alerts(
+        self,
+        *,
+        kind: str | None = None,
+        job: str | None = None,
+        since: float | None = None,
+        limit: int = 100,
+        after: int | None = None,
+    ) -> dict[str, Any]:
+        """One page of alerts by id: ``{"alerts": [...], "next_after"}``, each ``{id,
+        kind, job, tenant, queue, at, message, detail, delivery, tries, next_try_at,
+        delivered_at, last_error}``; ``since`` is seconds since the epoch."""
+        given = {"kind": kind, "job": job, "since": since, "after": after}
+        params: dict[str, str | int | float] = {"limit": limit}
+        params.update({k: v for k, v in given.items() if v is not None})
+        body: dict[str, Any] = self._request("GET", "/alerts", params=params)
+        return body
+
     def health(self) -> dict[str, Any]:
         body: dict[str, Any] = self._request("GET", "/healthz")
         return body

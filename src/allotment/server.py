@@ -4,7 +4,9 @@ The store (SQLite file in the data directory by default, or ``--db``), migrated 
 newest schema; the cluster configuration (``-f`` applied first; else the one stored;
 else a one-node cluster describing this machine); the local executor; the control loop
 on a thread of its own (:class:`~allotment.control.runner.LoopRunner`), woken by every
-write through the API; and the HTTP API with the dashboard, served by uvicorn.
+write through the API, with the ``max_wait`` check as a step of each turn; the webhook
+deliveries of alerts on a thread of their own (on every server: they claim rows with a
+lease); and the HTTP API with the dashboard and ``/metrics``, served by uvicorn.
 
 It writes the local user's client configuration (server URL and an admin token) so that
 the CLI works at once; only the token's digest is kept on the server side. That token
@@ -36,10 +38,12 @@ from allotment.api.app import create_app
 from allotment.api.auth import AdminDigest, FirstOf, StoreTokens, token_digest
 from allotment.api.ratelimit import SERVER_DEFAULT, RateLimit
 from allotment.clientconfig import read_client_config, write_client_config
+from allotment.control.alerts import MaxWaitCheck
 from allotment.control.housekeeping import housekeeper_for
 from allotment.control.leading import LeaderElection
 from allotment.control.loop import DEFAULT_STOP_GRACE_S, ControlLoop
 from allotment.control.runner import DEFAULT_RECONCILE_EVERY_S, DEFAULT_TICK_S, LoopRunner
+from allotment.control.webhooks import WebhookDeliveries
 from allotment.domain.cluster import Cluster
 from allotment.domain.errors import InvalidInput
 from allotment.domain.loading import load_cluster_text
@@ -173,6 +177,7 @@ class Server:
         self.token: str | None = None
         self.config_path: Path | None = None
         self.executor: Executor | None = None
+        self.webhooks: WebhookDeliveries | None = None
 
     # ------------------------------------------------------------------ build
 
@@ -211,7 +216,13 @@ class Server:
             rate_limit=options.rate_limit,
         )
         self.app.state.on_cluster_change = self.replace_cluster
+        self.webhooks = WebhookDeliveries(self.sessions, self._current_cluster, clock=self.clock)
+        self.webhooks.start()
         self.election.start()
+
+    def _current_cluster(self) -> Cluster:
+        assert self.cluster is not None
+        return self.cluster
 
     @property
     def work_root(self) -> Path:
@@ -235,8 +246,18 @@ class Server:
             stop_grace_s=self.options.stop_grace_s,
             on_cluster=self._serve_cluster,
         )
+        loop = self.loop
+        alerts = MaxWaitCheck(
+            self.sessions,
+            lambda: loop.cluster,
+            clock=self.clock,
+            on_fired=self.webhooks.wake if self.webhooks is not None else None,
+        )
         runner = LoopRunner(
-            self.loop, tick_s=self.options.tick_s, reconcile_every_s=self.options.reconcile_every_s
+            loop,
+            tick_s=self.options.tick_s,
+            reconcile_every_s=self.options.reconcile_every_s,
+            steps=[alerts],
         )
         base = self.options.cluster_file.parent if self.options.cluster_file else None
         runner.companions.append(
@@ -349,6 +370,8 @@ class Server:
     def close(self) -> None:
         if self.election is not None:
             self.election.stop()
+        if self.webhooks is not None:
+            self.webhooks.stop(timeout=2.0)  # a try cut short is made again (its lease expires)
         if self.engine is not None:
             self.engine.dispose()
 

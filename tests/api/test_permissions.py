@@ -68,6 +68,8 @@ MATRIX: dict[str, dict[str, Cell]] = {
     "GET /api/v1/audit": row((200, 200), (200, 200), (403, 403), (403, 403), (401, 401)),
     "GET /api/v1/audit/verify": PLATFORM_ONLY,
     "GET /api/v1/report": READ,
+    "GET /api/v1/alerts": READ,
+    "GET /metrics": PLATFORM_ONLY,
     "GET /api/v1/healthz": OPEN,
     "GET /": READ,
     "GET /openapi.json": OPEN,

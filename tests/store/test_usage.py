@@ -170,10 +170,16 @@ queues:
 """
 
 
+@pytest.mark.parametrize("webhook", [None, "http://127.0.0.1:9/hook"])
 def test_an_idle_job_is_warned_then_reclaimed_with_its_evidence(
-    sessions: sessionmaker[Session], tmp_path: Path
+    sessions: sessionmaker[Session], tmp_path: Path, webhook: str | None
 ) -> None:
-    cluster = load_cluster_text(CLUSTER)
+    text = CLUSTER
+    if webhook is not None:
+        text = text.replace(
+            "tenants: [{name: t}]", f"tenants: [{{name: t, webhook: {{url: '{webhook}'}}}}]"
+        )
+    cluster = load_cluster_text(text)
     job_id = running_job(sessions, [0])
     busy = running_job(sessions, [1])
     file = readings_file(tmp_path, {"box/0": {"utilization": 1}, "box/1": {"utilization": 80}})
@@ -185,7 +191,8 @@ def test_an_idle_job_is_warned_then_reclaimed_with_its_evidence(
     def step() -> list[reclaim.Decision]:
         sampler.sample()
         with sessions.begin() as db:
-            return reclaim.apply(db, reclaim.gather(db, cluster, clock.now), clock.now)
+            decisions = reclaim.gather(db, cluster, clock.now)
+            return reclaim.apply(db, decisions, clock.now, cluster.webhook_of)
 
     done: list[tuple[float, str]] = []
     while clock.now < 1040.0 and not any(a == "reclaim" for _, a in done):
@@ -207,7 +214,9 @@ def test_an_idle_job_is_warned_then_reclaimed_with_its_evidence(
         assert event.detail["reason"] == "idle" and event.detail["samples"]
         assert all(s["gpu_util_max"] < 5 for s in event.detail["samples"])
         [alert] = db.scalars(select(Alert).where(Alert.job_id == job_id)).all()
-        assert (alert.kind, alert.delivery, alert.tenant) == ("idle_warning", "none", "t")
+        delivery = "none" if webhook is None else "pending"  # the tenant's webhook gets it
+        assert (alert.kind, alert.delivery, alert.tenant) == ("idle_warning", delivery, "t")
+        assert alert.webhook == webhook
         [record] = list_records(db, action="job.reclaim")
         assert (record.user, record.object, record.tenant) == ("allotment", job_id, "t")
         assert record.detail["reason"] == "idle" and record.detail["samples"]

@@ -15,6 +15,8 @@ from allotment.api.dashboard import router as dashboard_router
 from allotment.api.errors import install_error_handlers
 from allotment.api.gate import AfterWrite
 from allotment.api.limits import MAX_BODY_BYTES, BodyLimit, RefuseNul
+from allotment.api.metrics import DEFAULT_SETTLE_S, metrics_registry
+from allotment.api.metrics import router as metrics_router
 from allotment.api.ratelimit import RateLimit, RateLimiter
 from allotment.api.routes import open_router, router
 from allotment.api.service import JobService
@@ -35,6 +37,7 @@ def create_app(
     policy: SchedulerPolicy | None = None,
     audit: bool = True,
     rate_limit: RateLimit | None = None,
+    metrics_settle_s: float = DEFAULT_SETTLE_S,
 ) -> FastAPI:
     """An app serving ``/api/v1`` and the dashboard for ``cluster`` on the store behind
     ``store_sessions``.
@@ -49,7 +52,9 @@ def create_app(
     trail (:mod:`allotment.api.audit`), refusals included. ``rate_limit`` turns on a
     token bucket per API token (:mod:`allotment.api.ratelimit`; off by default). After
     ``PUT /cluster`` the app calls ``app.state.on_cluster_change(cluster)`` when the
-    composition has set it. Does not start a server or the control loop.
+    composition has set it. ``GET /metrics`` serves Prometheus metrics read from the
+    store (:mod:`allotment.api.metrics`; ``metrics_settle_s`` is its event settling
+    time). Does not start a server or the control loop.
     """
     app = FastAPI(title="Allotment", version="1")
     app.state.service = JobService(
@@ -60,9 +65,16 @@ def create_app(
     )
     app.state.authenticator = authenticator
     app.state.on_cluster_change = None
+    app.state.metrics = metrics_registry(
+        store_sessions,
+        lambda: app.state.service.cluster,
+        clock=clock,
+        settle_s=metrics_settle_s,
+    )
     app.include_router(open_router)
     app.include_router(router)
     app.include_router(dashboard_router)
+    app.include_router(metrics_router)
     install_error_handlers(app)
     if after_write is not None:
         app.add_middleware(AfterWrite, hook=after_write)

@@ -23,9 +23,12 @@ def _amounts(milli: dict[str, int]) -> dict[str, float | int]:
 class Usage:
     """What the open attempts hold, read once: per (queue, pool) and per node.
 
-    The totals count every job; ``node_jobs`` lists only ``jobs_of``'s jobs when given."""
+    The totals count every job; ``node_jobs`` lists only ``jobs_of``'s jobs when given.
+    ``count_pending=False`` skips reading the pending jobs (``pending`` stays empty)."""
 
-    def __init__(self, db: DbSession, *, jobs_of: str | None = None) -> None:
+    def __init__(
+        self, db: DbSession, *, jobs_of: str | None = None, count_pending: bool = True
+    ) -> None:
         self.used: dict[tuple[str, str], int] = defaultdict(int)
         self.borrowed: dict[tuple[str, str], int] = defaultdict(int)
         self.running: dict[str, int] = defaultdict(int)
@@ -52,7 +55,7 @@ class Usage:
                         devices=list(placement.devices),
                     )
                 )
-        for job in pending_rows(db):
+        for job in pending_rows(db) if count_pending else ():
             self.pending[job.queue] += 1
 
 

@@ -39,6 +39,8 @@ class Action(StrEnum):
     AUDIT_READ = "reading the audit trail"
     AUDIT_VERIFY = "verifying the whole audit chain"
     REPORT_READ = "reading usage and cost reports"
+    ALERT_READ = "reading alerts"
+    METRICS_READ = "reading the metrics of every tenant"
 
 
 PLATFORM = None
@@ -57,6 +59,8 @@ RULES: dict[Action, Role | None] = {
     Action.AUDIT_VERIFY: PLATFORM,  # the chain spans every tenant
     Action.CLUSTER_READ: PLATFORM,
     Action.CLUSTER_APPLY: PLATFORM,
+    Action.ALERT_READ: Role.VIEWER,  # its tenant's alerts
+    Action.METRICS_READ: PLATFORM,  # the metrics span every tenant
 }
 """The least tenant role each action needs, within the principal's own tenant."""
 

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Body, Depends, Query, Request
 
 from allotment.api import audit, reports, schemas
 from allotment.api.access import CurrentPrincipal, Service, Tokens, allowed, on_job, principal
+from allotment.api.alerts import alerts_page
 from allotment.api.auth import Principal
 from allotment.api.logs import MAX_CHUNK
 from allotment.api.policy import Action, Owned, require, visible_tenant
@@ -45,6 +46,7 @@ ClusterApplier = Annotated[Principal, Depends(allowed(Action.CLUSTER_APPLY))]
 AuditReader = Annotated[Principal, Depends(allowed(Action.AUDIT_READ))]
 AuditVerifier = Annotated[Principal, Depends(allowed(Action.AUDIT_VERIFY))]
 ReportReader = Annotated[Principal, Depends(allowed(Action.REPORT_READ))]
+AlertReader = Annotated[Principal, Depends(allowed(Action.ALERT_READ))]
 
 
 def queue_owned(queue: Queue) -> Owned:
@@ -233,6 +235,29 @@ def report(
         tenant=visible_tenant(who),
         records=jobs,
         now=svc.clock(),
+    )
+
+
+@router.get("/alerts", response_model=schemas.AlertPage)
+def alerts(
+    svc: Service,
+    who: AlertReader,
+    kind: Annotated[str | None, Query(max_length=32)] = None,
+    job: Annotated[str | None, Query(max_length=64)] = None,
+    since: Annotated[float | None, Query(allow_inf_nan=False)] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+    after: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
+) -> schemas.AlertPage:
+    """Alerts by id (``max_wait``, …) with their webhook delivery; a tenant's principal
+    sees only its tenant's."""
+    return alerts_page(
+        svc.sessions,
+        tenant=visible_tenant(who),
+        kind=kind,
+        job=job,
+        since=since,
+        after=after,
+        limit=limit,
     )
 
 

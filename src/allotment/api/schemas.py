@@ -499,3 +499,30 @@ class ReportOut(Output):
     timeline: list[TimelinePoint]
     records: list[AttemptUsage] | None = None
     """One per attempt, when asked for with ``jobs=true``."""
+
+
+# ---------------------------------------------------------------- alerts
+
+
+class AlertOut(Output):
+    """One alert (``kind``: ``max_wait``, …) and the state of its webhook delivery:
+    ``pending``, ``delivered``, ``failed`` (tries exhausted) or ``none`` (no webhook)."""
+
+    id: int
+    kind: str
+    job: str | None
+    tenant: str | None
+    queue: str | None
+    at: float
+    message: str
+    detail: dict[str, Any] = Field(default_factory=dict)
+    delivery: str
+    tries: int
+    next_try_at: float | None
+    delivered_at: float | None
+    last_error: str | None
+
+
+class AlertPage(Output):
+    alerts: list[AlertOut]
+    next_after: int | None = None

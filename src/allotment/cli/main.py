@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from allotment.cli import audit, live, report, tokens, up
+from allotment.cli import alerts, audit, live, report, tokens, up
 from allotment.cli.common import Output, OutputOption, print_error, print_json
 from allotment.cli.common import console as make_console
 from allotment.domain.errors import AllotmentError, ConfigError, InvalidInput
@@ -329,6 +329,7 @@ live.register(app)
 tokens.register(app)
 audit.register(app)
 report.register(app)
+alerts.register(app)
 
 
 def main() -> None:

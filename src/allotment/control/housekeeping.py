@@ -90,7 +90,9 @@ class Housekeeper:
         with self.lock:
             now = loop.clock()
             with loop.store_sessions.begin() as db:
-                out.decisions = reclaim.apply(db, reclaim.gather(db, loop.cluster, now), now)
+                cluster = loop.cluster
+                decisions = reclaim.gather(db, cluster, now)
+                out.decisions = reclaim.apply(db, decisions, now, cluster.webhook_of)
         for decision in out.decisions:
             if decision.action == "reclaim":
                 self.reclaims[decision.reason] = self.reclaims.get(decision.reason, 0) + 1

@@ -35,6 +35,7 @@ from allotment.domain.durations import format_duration
 from allotment.domain.lifecycle import JobState
 from allotment.domain.reclaim import ReclaimPolicy
 from allotment.store import audit
+from allotment.store.alerts import NewAlert, fire_alert
 from allotment.store.jobs import get_job, transition_job
 from allotment.store.models import Alert, Attempt, Event
 from allotment.store.usage import job_usage_rows
@@ -258,9 +259,15 @@ def gather(db: DbSession, cluster: Cluster, now: float) -> list[Decision]:
     return decide(now, running, policy_of, usage, warned)
 
 
-def apply(db: DbSession, decisions: Sequence[Decision], now: float) -> list[Decision]:
+def apply(
+    db: DbSession,
+    decisions: Sequence[Decision],
+    now: float,
+    webhook_of: Callable[[str], str | None] = lambda tenant: None,
+) -> list[Decision]:
     """Write ``decisions`` in ``db``'s transaction; return those applied (a job that
-    moved on since it was read is skipped)."""
+    moved on since it was read is skipped). A warning is also an ``idle_warning`` alert,
+    delivered to ``webhook_of(tenant)`` when that names one."""
     done: list[Decision] = []
     for decision in decisions:
         job = get_job(db, decision.job_id, for_update=True)
@@ -278,19 +285,19 @@ def apply(db: DbSession, decisions: Sequence[Decision], now: float) -> list[Deci
                     detail=detail,
                 )
             )
-            db.add(
-                Alert(
+            fire_alert(
+                db,
+                NewAlert(
                     kind=IDLE_WARNING,
-                    job_id=job.id,
+                    dedupe_key=f"{IDLE_WARNING}:{job.id}:{decision.attempt}:{since:.3f}",
+                    message=decision.message,
                     tenant=job.tenant,
                     queue=job.queue,
-                    dedupe_key=f"{IDLE_WARNING}:{job.id}:{decision.attempt}:{since:.3f}",
-                    at=now,
-                    message=decision.message,
+                    job_id=job.id,
                     detail=detail,
-                    webhook=None,
-                    delivery="none",
-                )
+                    webhook=webhook_of(job.tenant),
+                ),
+                at=now,
             )
         else:
             transition_job(

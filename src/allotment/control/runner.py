@@ -9,7 +9,9 @@ restarted server re-adopts what runs and finds what ended while it was down.
 
 A turn that raises is logged and the next one rebuilds the loop's scheduler session
 from the store (the store is the source of truth), so one bad turn never stops the
-scheduler.
+scheduler. After the cycle, each of ``steps`` runs (e.g. the ``max_wait`` check of
+:mod:`allotment.control.alerts`); a step that raises is logged and fails nothing else.
+Each cycle's duration is observed in :data:`CYCLE_SECONDS`.
 """
 
 from __future__ import annotations
@@ -20,9 +22,19 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from prometheus_client import Histogram
+
 from allotment.control.loop import ControlLoop
 
 log = logging.getLogger(__name__)
+
+CYCLE_SECONDS = Histogram(
+    "allot_scheduler_cycle_seconds",
+    "Duration of one scheduling cycle of this process's control loop.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+    registry=None,
+)
+"""Process-local: registered in each app's metrics registry (:mod:`allotment.api.metrics`)."""
 
 DEFAULT_TICK_S = 1.0
 DEFAULT_RECONCILE_EVERY_S = 30.0
@@ -37,7 +49,9 @@ class Companion(Protocol):
 
 
 class LoopRunner:
-    """Drives ``loop`` until :meth:`stop`. ``monotonic`` is for tests."""
+    """Drives ``loop`` until :meth:`stop`. ``steps`` run after each cycle, in order, on
+    the runner's thread (they must be quick: they hold up the next turn). ``monotonic``
+    is for tests."""
 
     def __init__(
         self,
@@ -47,6 +61,7 @@ class LoopRunner:
         reconcile_every_s: float = DEFAULT_RECONCILE_EVERY_S,
         monotonic: Callable[[], float] = time.monotonic,
         companions: Sequence[Companion] = (),
+        steps: Sequence[Callable[[], object]] = (),
     ) -> None:
         if tick_s <= 0 or reconcile_every_s <= 0:
             raise ValueError("tick_s and reconcile_every_s must be positive")
@@ -56,6 +71,7 @@ class LoopRunner:
         self._monotonic = monotonic
         self.companions = list(companions)
         """Started after the loop's thread, stopped before it."""
+        self.steps = tuple(steps)
         self._woken = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -103,12 +119,21 @@ class LoopRunner:
             if reconcile:
                 self.loop.reconcile()
             self.loop.observe()
-            decisions = self.loop.cycle()
+            with CYCLE_SECONDS.time():
+                decisions = self.loop.cycle()
+            self._run_steps()
             # Admissions and completions change what the next cycle sees: go again at
             # once rather than after a tick.
             if decisions.admitted or decisions.preemptions or decisions.stats.get("truncated"):
                 self._woken.set()
             return decisions.next_wakeup
+
+    def _run_steps(self) -> None:
+        for step in self.steps:
+            try:
+                step()
+            except Exception:  # a step must not fail the scheduler's turn
+                log.exception("control loop step %r failed", step)
 
     # ------------------------------------------------------------------ thread
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from enum import StrEnum
 from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -19,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    field_validator,
     model_validator,
 )
 
@@ -181,6 +183,24 @@ class Member(Model):
     role: Role = Role.MEMBER
 
 
+class Webhook(Model):
+    """Where a tenant's alerts are POSTed as JSON (``http`` or ``https`` only); with a
+    ``secret``, each body is signed (HMAC-SHA256, header ``X-Allotment-Signature``)."""
+
+    url: Annotated[str, Field(min_length=1, max_length=2048)]
+    secret: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                f"webhook url {value!r} must be an http:// or https:// URL with a host"
+            )
+        return value
+
+
 class Tenant(Model):
     """The isolation boundary: members with roles and declared data scopes."""
 
@@ -191,6 +211,8 @@ class Tenant(Model):
     """Ended jobs' work directories older than this are reported, then deleted."""
     scratch_grace: Duration = DEFAULT_SCRATCH_GRACE_S
     """Time between the report of an expired work directory and its deletion."""
+    webhook: Webhook | None = None
+    """Where this tenant's alerts (e.g. ``max_wait``) are delivered; none: not sent."""
 
 
 PreemptionMode = Literal["never", "lower_priority", "any"]
@@ -360,6 +382,11 @@ class Cluster:
     @property
     def leaves(self) -> list[Queue]:
         return [q for q in self.queues.values() if q.is_leaf]
+
+    def webhook_of(self, tenant: str | None) -> str | None:
+        """Where ``tenant``'s alerts are delivered (``None``: not sent)."""
+        spec = self.tenants.get(tenant) if tenant is not None else None
+        return spec.webhook.url if spec is not None and spec.webhook is not None else None
 
     @property
     def executor(self) -> ExecutorSpec:
