@@ -270,7 +270,7 @@ class Server:
         slurm = cluster.executor.slurm
         if slurm is None:
             return LocalExecutor(self.options.data_dir / "executor")
-        executor = SlurmExecutor(slurm)
+        executor = SlurmExecutor(slurm, self.options.data_dir / "executor-slurm")
         problems = executor.check()
         if problems:
             listed = "\n".join(f"  - {p}" for p in problems)
@@ -278,10 +278,12 @@ class Server:
         return executor
 
     def _serve_cluster(self, cluster: Cluster) -> None:
-        """The loop took new nodes from the executor: the API answers with them too."""
-        self.cluster = cluster
+        """The loop took new nodes from the executor: the API answers with them too,
+        on the configuration it has (which may be newer than the loop's)."""
         if self.app is not None:
-            self.app.state.service.cluster = cluster
+            service = self.app.state.service
+            service.take_nodes(cluster.nodes)
+            self.cluster = service.cluster
 
     def _leading(self, leading: bool) -> None:
         if leading:

@@ -210,3 +210,34 @@ def test_expired_scratch_is_reported_then_deleted_after_the_grace(
     assert report.object == deleted.object == ended
     assert report.detail["path"] == str(done_dir.relative_to(root))
     assert [e.kind for e in events(sessions, "scratch_report")] == ["scratch_report"]
+
+
+def test_a_long_cleaned_history_never_hides_newer_expired_scratch(
+    sessions: sessionmaker[Session], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attempts whose directories are gone are passed over once for good (the cursor),
+    so a tenant with more of them than one pass reads still gets newer ones cleaned."""
+    from allotment.control import scratch
+    from allotment.domain.job import JobSpec
+    from allotment.store.jobs import create_job
+
+    monkeypatch.setattr(scratch, "BATCH", 2)
+    cluster = load_cluster_text(
+        "pools: [{name: p}]\ntenants: [{name: me, scratch_expiry: 10s, scratch_grace: 5s}]\n"
+        "queues: [{name: q, tenant: me}]\n"
+    )
+    root = tmp_path / "work"
+    spec = JobSpec.model_validate({"name": "t", "queue": "q", "replicas": [{"count": 1}]})
+    ids = []
+    with sessions.begin() as db:
+        for i in range(5):  # ended at 100, 101, ...: only the newest still has its directory
+            job = create_job(db, spec, tenant="me", user="me", at=0.0, priority_class="training")
+            job.state = JobState.SUCCEEDED.value
+            db.add(Attempt(job_id=job.id, number=1, state="succeeded", end_time=100.0 + i))
+            ids.append(job.id)
+    newest = attempt_dir(root, "me", ids[-1], 1)
+    newest.mkdir(parents=True)
+    cursors: dict[str, scratch.Cursor] = {}
+    passes = [expire_scratch(sessions, cluster, root, 200.0, cursors) for _ in range(3)]
+    assert [[(a.action, a.job_id) for a in p] for p in passes] == [[], [], [("report", ids[-1])]]
+    assert not expire_scratch(sessions, cluster, root, 200.0)  # without the cursor: hidden

@@ -713,3 +713,11 @@ def test_numbers_written_as_labels_topology_and_env_are_text() -> None:
     with pytest.raises(ConfigError) as caught:
         load_job_text("name: j\nqueue: q\nreplicas: [{count: 1}]\nenv: {X: [1, 2]}\n")
     assert caught.value.issues[0].path == "env.X"
+
+
+@pytest.mark.parametrize("name", ["A;rm -rf", "1X", "X Y", "A)", "X\nY", ""])
+def test_environment_names_are_what_a_shell_accepts(name: str) -> None:
+    """Executors write the names into scripts (Slurm's launcher): only shell names pass."""
+    with pytest.raises(ConfigError) as caught:
+        load_job_text(f"name: j\nqueue: q\nreplicas: [{{count: 1}}]\nenv: {{{name!r}: x}}\n")
+    assert caught.value.issues[0].path.startswith("env")

@@ -117,7 +117,7 @@ def make_loop(cluster: Cluster, sessions: sessionmaker[Session], tmp_path: Path)
 
     def make() -> ControlLoop:
         assert cluster.executor.slurm is not None
-        executor = SlurmExecutor(cluster.executor.slurm)
+        executor = SlurmExecutor(cluster.executor.slurm, tmp_path / "slurm-state")
         return ControlLoop(
             cluster,
             sessions,

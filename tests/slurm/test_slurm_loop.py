@@ -36,6 +36,10 @@ def test_a_gpu_job_sees_the_devices_slurm_bound(
         node = attempt.allocation[0]["node"]
     out = logs(tmp_path, job)
     assert out == {"worker-0.out": f"{node} 0,1 {job}\n"}
+    # The batch script left how it ended, for a server that comes back after Slurm forgot.
+    result = tmp_path / "work" / "me" / job / "1" / "slurm" / "result"
+    code, start, end = result.read_text().split()
+    assert code == "0" and int(start) <= int(end)
 
 
 def slurm_jobs(slurm: SlurmCluster) -> list[dict[str, object]]:
@@ -205,6 +209,7 @@ def test_the_start_up_check_passes_here_and_names_a_wrong_partition(
     executor = loop.executor
     assert isinstance(executor, SlurmExecutor)
     assert executor.check() == []
-    wrong = SlurmExecutor(executor.settings.model_copy(update={"partition": "nowhere"}))
+    settings = executor.settings.model_copy(update={"partition": "nowhere"})
+    wrong = SlurmExecutor(settings, executor.records.root)
     problems = wrong.check()
     assert any("partition does not exist" in p for p in problems)

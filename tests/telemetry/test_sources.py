@@ -137,3 +137,18 @@ def test_folding_gives_the_mean_and_the_maximum(values: list[float]) -> None:
 def test_an_instant_lies_in_its_interval(at: float, length: float) -> None:
     start = interval_start(at, length)
     assert start <= at < start + length
+
+
+def test_a_job_with_one_busy_gpu_of_two_is_not_idle_at_its_peak() -> None:
+    """Reclamation reads ``util_max``: the busiest device in any sample, so a job that
+    keeps one of its GPUs busy is never judged idle by the average of its GPUs."""
+    readings = [
+        DeviceReading(node="box", device=0, utilization=0.0, memory_used=None),
+        DeviceReading(node="box", device=1, utilization=100.0, memory_used=None),
+    ]
+    [sample] = job_samples(
+        [Holding(job_id="j", attempt=1, devices=(("box", 0), ("box", 1)))], readings
+    )
+    assert (sample.gpu_util, sample.gpu_util_peak) == (50.0, 100.0)
+    folded = fold(None, util=sample.gpu_util, util_peak=sample.gpu_util_peak)
+    assert (folded.util_avg, folded.util_max) == (50.0, 100.0)

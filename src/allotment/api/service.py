@@ -19,7 +19,7 @@ from allotment.api.errors import BatchTooLarge
 from allotment.api.logs import read_log
 from allotment.api.policy import Owned
 from allotment.control.layout import Stream
-from allotment.domain.cluster import Cluster, PriorityClass, Queue
+from allotment.domain.cluster import Cluster, Node, PriorityClass, Queue
 from allotment.domain.errors import AllotmentError, ConfigError, Issue, MountNotAllowed
 from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import JobState
@@ -124,7 +124,7 @@ class JobService:
         self.clock = clock
         self.work_root = work_root
         self.policy = policy
-        self._apply_lock = threading.Lock()
+        self._apply_lock = threading.RLock()
 
     def submit(
         self,
@@ -311,6 +311,12 @@ class JobService:
                 sha256=config.sha256,
                 applied_at=config.applied_at,
             )
+
+    def take_nodes(self, nodes: dict[str, Node]) -> None:
+        """Answer with an executor's nodes (Slurm's inventory and health), keeping the
+        configuration in use (one applied meanwhile included)."""
+        with self._apply_lock:
+            self.cluster = self.cluster.with_nodes(nodes)
 
     def apply_cluster(
         self,

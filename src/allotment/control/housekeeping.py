@@ -3,8 +3,9 @@
 Every ``interval_s`` a :class:`Housekeeper` step: takes a telemetry sample
 (:class:`~allotment.control.sampler.Sampler`; the GPU source and ``/proc`` are read
 outside any lock), reports orphan GPU processes, decides and applies idle and TTL
-reclamation (:mod:`allotment.control.reclaim`, one short transaction under the loop
-runner's lock, so it never interleaves with a scheduling turn), then wakes the loop so
+reclamation (:mod:`allotment.control.reclaim`: read outside any lock, then written in
+one short transaction under the loop runner's lock, so it never interleaves with a
+scheduling turn), then wakes the loop so
 that reclaimed jobs' replicas are stopped and their GPUs given to waiting jobs at
 once. Less often it expires scratch data and deletes usage rows past the retention.
 
@@ -26,7 +27,7 @@ from allotment.control import reclaim
 from allotment.control.loop import ControlLoop
 from allotment.control.reclaim import Decision
 from allotment.control.sampler import Sample, Sampler
-from allotment.control.scratch import ScratchAction, expire_scratch
+from allotment.control.scratch import Cursor, ScratchAction, expire_scratch
 from allotment.telemetry.sources import make_source
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ class Housekeeper:
         self.reclaims: dict[str, int] = {}
         """Reclamations by reason (``idle``, ``ttl``) since this housekeeper started."""
         self._next_scratch = 0.0
+        self._scratch_cursors: dict[str, Cursor] = {}
         self._next_prune = 0.0
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -87,11 +89,13 @@ class Housekeeper:
         owned = {pid for u in out.sample.usage.values() for pid in u.pids}
         with loop.store_sessions.begin() as db:
             out.killed = loop.orphans.gpu_processes(db, out.sample.readings, owned, loop.clock())
-        with self.lock:
-            now = loop.clock()
-            with loop.store_sessions.begin() as db:
-                cluster = loop.cluster
-                decisions = reclaim.gather(db, cluster, now)
+        now = loop.clock()
+        cluster = loop.cluster
+        with loop.store_sessions() as db:  # the reading, outside the scheduler's lock
+            decisions = reclaim.gather(db, cluster, now)
+        if decisions:
+            with self.lock, loop.store_sessions.begin() as db:
+                # apply() locks each job and skips one that moved on since it was read
                 out.decisions = reclaim.apply(db, decisions, now, cluster.webhook_of)
         for decision in out.decisions:
             if decision.action == "reclaim":
@@ -101,7 +105,9 @@ class Housekeeper:
             self.wake()
         now = loop.clock()
         if now >= self._next_scratch:
-            out.scratch = expire_scratch(loop.store_sessions, loop.cluster, loop.work_root, now)
+            out.scratch = expire_scratch(
+                loop.store_sessions, loop.cluster, loop.work_root, now, self._scratch_cursors
+            )
             self._next_scratch = now + self.scratch_every_s
         if now >= self._next_prune:
             out.pruned = self.sampler.prune()

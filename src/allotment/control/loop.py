@@ -55,7 +55,13 @@ from allotment.scheduler.snapshot import (
     RunningJob,
     SchedulerPolicy,
 )
-from allotment.store.jobs import get_job, jobs_by_id, record_reasons, transition_job
+from allotment.store.jobs import (
+    get_job,
+    jobs_by_id,
+    record_reasons,
+    sync_attempt,
+    transition_job,
+)
 from allotment.store.models import Attempt, Job
 
 log = logging.getLogger(__name__)
@@ -213,7 +219,7 @@ class ControlLoop:
                             message=victim.message,
                             detail={"cause": victim.cause, "preemptor": preempt.job},
                         )
-                        self._set_attempt_state(db, row)
+                        sync_attempt(db, row)
                         victims.append(victim.job)
         except Exception:
             self._session = None  # the session ran ahead of the store: rebuild it
@@ -485,16 +491,9 @@ class ControlLoop:
             detail=detail,
             failure_class=failure,
         )
-        self._set_attempt_state(db, job)
+        sync_attempt(db, job)
         moves.append(Move(job=job.id, source=source, target=target, failure=failure))
         return target
-
-    def _set_attempt_state(self, db: DbSession, job: Job) -> None:
-        attempt = db.get(Attempt, (job.id, job.attempt))
-        if attempt is not None:
-            attempt.state = job.state
-            if job.failure_class is not None:
-                attempt.failure_class = job.failure_class
 
     # ------------------------------------------------------------------ reconcile
 

@@ -108,8 +108,12 @@ class OrphanTracker:
     kill: Callable[[int], None] = field(default=lambda pid: _sigkill(pid))
     counts: dict[str, int] = field(default_factory=dict)
     _reported: set[str] = field(default_factory=set)
+    """Orphans reported and still seen (one gone is forgotten: memory stays bounded)."""
     _previous_replicas: set[ReplicaKey] = field(default_factory=set)
     _previous_pids: set[int] = field(default_factory=set)
+
+    def _forget(self, tags: set[str]) -> None:
+        self._reported -= tags
 
     def count(self, kind: str) -> None:
         self.counts[kind] = self.counts.get(kind, 0) + 1
@@ -139,6 +143,7 @@ class OrphanTracker:
         """Report new orphan replicas; under ``kill``, return those confirmed (to be
         stopped by the caller after the commit)."""
         confirmed = [k for k in orphans if k in self._previous_replicas]
+        self._forget({str(k) for k in self._previous_replicas} - {str(k) for k in orphans})
         self._previous_replicas = set(orphans)
         for key in orphans:
             if str(key) in self._reported:
@@ -179,6 +184,7 @@ class OrphanTracker:
                 if pid not in owned:
                     held.setdefault(pid, []).append(f"{reading.node}/{reading.device}")
         confirmed = set(held) & self._previous_pids
+        self._forget({f"gpu-pid:{pid}" for pid in self._previous_pids - set(held)})
         self._previous_pids = set(held)
         killed: list[int] = []
         for pid, devices in sorted(held.items()):

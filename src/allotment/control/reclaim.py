@@ -36,8 +36,8 @@ from allotment.domain.lifecycle import JobState
 from allotment.domain.reclaim import ReclaimPolicy
 from allotment.store import audit
 from allotment.store.alerts import NewAlert, fire_alert
-from allotment.store.jobs import get_job, transition_job
-from allotment.store.models import Alert, Attempt, Event
+from allotment.store.jobs import get_job, sync_attempt, transition_job
+from allotment.store.models import Alert, Event
 from allotment.store.usage import job_usage_rows
 
 SYSTEM_USER = "allotment"
@@ -309,10 +309,7 @@ def apply(
                 message=decision.message,
                 detail=detail,
             )
-            attempt = db.get(Attempt, (job.id, job.attempt))
-            if attempt is not None:
-                attempt.state = job.state
-                attempt.failure_class = job.failure_class
+            sync_attempt(db, job)
             audit.append(
                 db,
                 at=now,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, select
+from sqlalchemy import and_, literal, select, tuple_
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
@@ -73,18 +73,29 @@ def _inside(root: Path, path: Path) -> bool:
     return True
 
 
+Cursor = tuple[float, str, int]
+"""``(end time, job, attempt)``: every expired attempt up to it has no directory left."""
+
+
 def expire_scratch(
-    store_sessions: sessionmaker[DbSession], cluster: Cluster, work_root: Path, now: float
+    store_sessions: sessionmaker[DbSession],
+    cluster: Cluster,
+    work_root: Path,
+    now: float,
+    cursors: dict[str, Cursor] | None = None,
 ) -> list[ScratchAction]:
     """One pass: report what has expired, delete what was reported at least the grace
     ago. Reads in one session, deletes outside any transaction, then writes the events
-    and audit records in one short transaction. Blocks for the deletions."""
+    and audit records in one short transaction. Blocks for the deletions. ``cursors``
+    (per tenant, kept by the caller between passes) skip the attempts already cleaned,
+    so that a long history never hides newer expired directories."""
     root = Path(work_root)
+    cursors = {} if cursors is None else cursors
     planned: list[tuple[str, ScratchAction, dict[str, Any]]] = []
     with store_sessions() as db:
         for tenant in cluster.tenants.values():
             if tenant.scratch_expiry is not None:
-                planned += _plan(db, tenant, root, now)
+                planned += _plan(db, tenant, root, now, cursors)
     done: list[tuple[str, ScratchAction, dict[str, Any]]] = []
     for tenant_name, action, detail in planned:
         if action.action == "delete":
@@ -110,29 +121,37 @@ def expire_scratch(
 
 
 def _plan(
-    db: DbSession, tenant: Tenant, root: Path, now: float
+    db: DbSession, tenant: Tenant, root: Path, now: float, cursors: dict[str, Cursor]
 ) -> list[tuple[str, ScratchAction, dict[str, Any]]]:
-    """What to report and what to delete of one tenant's expired directories."""
+    """What to report and what to delete of one tenant's expired directories (the next
+    :data:`BATCH` expired attempts after the tenant's cursor)."""
     assert tenant.scratch_expiry is not None
+    conditions = [
+        Job.tenant == tenant.name,
+        Job.state.in_(ENDED),
+        Attempt.end_time.is_not(None),
+        Attempt.end_time < now - tenant.scratch_expiry,
+    ]
+    cursor = cursors.get(tenant.name)
+    if cursor is not None:
+        after = tuple_(*(literal(value) for value in cursor))
+        conditions.append(tuple_(Attempt.end_time, Job.id, Attempt.number) > after)
     rows = db.execute(
         select(Job.id, Attempt.number, Attempt.end_time)
         .join(Attempt, Attempt.job_id == Job.id)
-        .where(
-            and_(
-                Job.tenant == tenant.name,
-                Job.state.in_(ENDED),
-                Attempt.end_time.is_not(None),
-                Attempt.end_time < now - tenant.scratch_expiry,
-            )
-        )
-        .order_by(Attempt.end_time)
+        .where(and_(*conditions))
+        .order_by(Attempt.end_time, Job.id, Attempt.number)
         .limit(BATCH)
     ).all()
     candidates = []
+    cleaned_so_far = True
     for job_id, number, ended in rows:
         path = attempt_dir(root, tenant.name, job_id, number)
         if path.is_dir() and not path.is_symlink() and _inside(root, path):
             candidates.append((job_id, number, ended, path))
+            cleaned_so_far = False
+        elif cleaned_so_far:
+            cursors[tenant.name] = (ended, job_id, number)
     if not candidates:
         return []
     reports: dict[tuple[str, int], float] = {}

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from enum import StrEnum
 from typing import Annotated, Any, Literal, TypeVar
-from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -20,7 +19,6 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
-    field_validator,
     model_validator,
 )
 
@@ -35,6 +33,7 @@ from allotment.domain.reclaim import (
     TelemetrySettings,
 )
 from allotment.domain.resources import GPU, Resources, format_quantity
+from allotment.domain.webhook import Webhook
 
 _NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$"
 Name = Annotated[str, Field(pattern=_NAME_PATTERN)]
@@ -181,24 +180,6 @@ class Role(StrEnum):
 class Member(Model):
     user: Annotated[str, Field(min_length=1, max_length=128)]
     role: Role = Role.MEMBER
-
-
-class Webhook(Model):
-    """Where a tenant's alerts are POSTed as JSON (``http`` or ``https`` only); with a
-    ``secret``, each body is signed (HMAC-SHA256, header ``X-Allotment-Signature``)."""
-
-    url: Annotated[str, Field(min_length=1, max_length=2048)]
-    secret: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(
-                f"webhook url {value!r} must be an http:// or https:// URL with a host"
-            )
-        return value
 
 
 class Tenant(Model):

@@ -10,6 +10,9 @@ from pydantic import Field, model_validator
 from allotment.domain.cluster import Duration, Model, Name, ResourcesField, RetryPolicy, Text
 from allotment.domain.resources import Resources
 
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+"""An environment variable's name, as shells accept it (letters, digits, ``_``)."""
+
 
 class JobType(StrEnum):
     TRAINING = "training"
@@ -67,7 +70,7 @@ class JobSpec(Model):
     pools: list[str] = Field(default_factory=list)
     image: str | None = None
     command: list[str] = Field(default_factory=list)
-    env: dict[str, Text] = Field(default_factory=dict)
+    env: dict[EnvName, Text] = Field(default_factory=dict)
     mounts: list[Mount] = Field(default_factory=list)
     max_runtime: Duration | None = None
     expected_runtime: Duration | None = None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import threading
 import time
@@ -31,9 +32,11 @@ from allotment.executors.base import (
     GpuInfo,
     LaunchRequest,
     ReplicaKey,
+    ReplicaPhase,
     ReplicaStatus,
 )
 from allotment.executors.slurm_parse import (
+    PENDING_STATES,
     SlurmJob,
     SlurmNode,
     comment_for,
@@ -48,6 +51,7 @@ from allotment.executors.slurm_parse import (
     status_of,
     to_nodes,
 )
+from allotment.executors.slurm_records import RESULT_FILE, Record, Records, result_status
 from allotment.executors.slurm_script import (
     BASE_EXPORTS,
     UnsupportedRequest,
@@ -61,7 +65,9 @@ from allotment.executors.slurm_script import (
 log = logging.getLogger(__name__)
 
 COMMAND_TIMEOUT_S = 30.0
-FINALS_KEPT_S = 3600.0
+RECORDS_KEPT_S = 7 * 86400.0
+"""How long the record of an ended attempt is kept (the control loop closes the attempt
+long before, unless it was down that long)."""
 
 
 class SlurmError(OSError):
@@ -70,30 +76,28 @@ class SlurmError(OSError):
 
 class SlurmExecutor(Executor):
     """Runs attempts as Slurm jobs, as configured by ``executor.slurm`` in
-    ``cluster.yaml``. ``clock`` is for tests."""
+    ``cluster.yaml``; what it submitted is recorded under ``state_dir``. ``clock`` is
+    for tests."""
 
     def __init__(
         self,
         settings: SlurmSettings,
+        state_dir: Path,
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.clock = clock
         self._lock = threading.Lock()
-        self._jobs: dict[tuple[str, int], SlurmJob] = {}
-        """Allotment's jobs in Slurm as of the last ``squeue``, by (job, attempt)."""
-        self._finals: dict[ReplicaKey, tuple[ReplicaStatus, float]] = {}
-        """How ended jobs ended (and when that was seen), kept for
-        :data:`FINALS_KEPT_S` after Slurm forgets them."""
+        self.records = Records(state_dir)
+        self._jobs: dict[int, SlurmJob] = {}
+        """This executor's jobs in the last ``squeue``, by Slurm job id."""
         self._stops: dict[int, float] = {}
         """Slurm job id → when its grace period ends (a stop was asked)."""
-        self._launched: dict[tuple[str, int], tuple[int, float]] = {}
-        """The Slurm job id and submission time of each attempt this executor submitted
-        (for idempotence and the pending timeout)."""
         self._observed = False
-        """Whether a full ``squeue`` has been read (then ``_jobs`` knows every job
-        submitted before this executor started)."""
+        """Whether a full ``squeue`` has been read since this executor started (every
+        job submitted before is then recorded)."""
+        self._uid: int | None = None
         self._gres: dict[str, str | None] = {}
         """Node → GRES type to request there, from the last inventory."""
 
@@ -211,7 +215,7 @@ class SlurmExecutor(Executor):
         if any((r.job_id, r.attempt) != (first.job_id, first.attempt) for r in requests):
             raise ValueError("launch_all takes the replicas of one attempt")
         attempt = (first.job_id, first.attempt)
-        existing = self._find(first.job_id, first.attempt)
+        existing = self._find(*attempt)
         if existing is not None:
             return [str(existing)] * len(requests)
         try:
@@ -226,7 +230,8 @@ class SlurmExecutor(Executor):
         launcher.write_text(launcher_script(shares, self.settings.stop_signal))
         script = slurm_dir / "batch.sh"
         uniform = is_uniform(shares, self._gres)
-        script.write_text(batch_script(str(launcher), 1 if uniform else len(shares)))
+        components = 1 if uniform else len(shares)
+        script.write_text(batch_script(str(launcher), components, str(slurm_dir / RESULT_FILE)))
         runtimes = [r.max_runtime for r in requests if r.max_runtime is not None]
         argv = sbatch_argv(
             shares=shares,
@@ -244,8 +249,16 @@ class SlurmExecutor(Executor):
         )
         out = self.run("sbatch", *argv).strip()
         slurm_id = int(out.split(";", 1)[0])
+        record = Record(
+            job_id=first.job_id,
+            attempt=first.attempt,
+            slurm_id=slurm_id,
+            keys=tuple(r.key for r in requests),
+            slurm_dir=str(slurm_dir),
+            submitted_at=self.clock(),
+        )
         with self._lock:
-            self._launched[attempt] = (slurm_id, self.clock())
+            self.records.put(record)
         log.info("submitted %s/%s as Slurm job %s", first.job_id, first.attempt, slurm_id)
         return [str(slurm_id)] * len(requests)
 
@@ -253,69 +266,108 @@ class SlurmExecutor(Executor):
         return list(dict.fromkeys([*BASE_EXPORTS, *self.settings.export_env]))
 
     def _find(self, job_id: str, attempt: int) -> int | None:
-        """The Slurm job of an attempt, asking Slurm when this executor has not seen it
-        (a restart between ``sbatch`` and the store's update)."""
+        """The Slurm job of an attempt: its record, after reading Slurm's listing once
+        (a restart between ``sbatch`` and the record adopts the job then)."""
+        if not self._observed:
+            self._poll()
         with self._lock:
-            known = self._jobs.get((job_id, attempt))
-            submitted = self._launched.get((job_id, attempt))
-            observed = self._observed
-        if known is not None:
-            return known.slurm_id
-        if submitted is not None:
-            return submitted[0]
-        if observed:
-            return None
-        out = self.run(
-            "squeue", "-h", "-t", "all", f"--name={job_name(job_id, attempt)}", "-o", "%i"
-        )
-        ids = [int(w) for w in out.split() if w.isdigit()]
-        return min(ids) if ids else None
+            record = self.records.get(job_id, attempt)
+        return None if record is None else record.slurm_id
+
+    def slurm_uid(self) -> int:
+        """The user Slurm runs this executor's jobs as (``id -u`` through the prefix)."""
+        if self._uid is None:
+            if self.settings.command_prefix:
+                argv = [*self.settings.command_prefix, "id", "-u"]
+                done = subprocess.run(argv, capture_output=True, text=True, check=False)
+                self._uid = int(done.stdout.strip() or -1)
+            else:
+                self._uid = os.getuid()
+        return self._uid
+
+    def _poll(self) -> list[SlurmJob]:
+        """One ``squeue --json``: this executor's jobs. A job is this executor's when
+        its record names its Slurm id, or, unrecorded, when it has Allotment's comment
+        and runs as this executor's user (a crash fell between ``sbatch`` and the
+        record): it is recorded then. Anything else is left alone."""
+        jobs = parse_jobs(json.loads(self.run("squeue", "--json")))
+        uid = self.slurm_uid()
+        mine: list[SlurmJob] = []
+        with self._lock:
+            for job in jobs:
+                record = self.records.get(job.job_id, job.attempt)
+                if record is None and job.user_id == uid:
+                    record = Record(
+                        job_id=job.job_id,
+                        attempt=job.attempt,
+                        slurm_id=job.slurm_id,
+                        keys=job.keys,
+                        slurm_dir=job.output_dir,
+                        submitted_at=job.submit_time or self.clock(),
+                    )
+                    self.records.put(record)
+                if record is not None and record.slurm_id == job.slurm_id:
+                    mine.append(job)
+            self._jobs = {job.slurm_id: job for job in mine}
+            self._observed = True
+        return mine
 
     # ------------------------------------------------------------------ observe
 
     def observe(self) -> dict[ReplicaKey, ReplicaStatus]:
-        """Every replica of every Allotment job Slurm knows (one ``squeue --json``),
-        plus how the jobs Slurm has forgotten ended. Stops past their grace period are
+        """Every replica of every attempt this executor submitted (one ``squeue
+        --json``). An attempt Slurm no longer lists ended as its record or its batch
+        script's result says, else it is ``lost``. Stops past their grace period are
         escalated, and jobs that cannot start are cancelled in Slurm."""
-        document = json.loads(self.run("squeue", "--json"))
-        jobs = parse_jobs(document)
+        self._poll()
         now = self.clock()
         out: dict[ReplicaKey, ReplicaStatus] = {}
         to_cancel: list[int] = []
         with self._lock:
-            self._jobs = {(j.job_id, j.attempt): j for j in jobs}
-            self._observed = True
-            for key, (status, seen) in list(self._finals.items()):
-                if now - seen > FINALS_KEPT_S:
-                    del self._finals[key]
-                else:
+            for record in self.records.all():
+                job = self._jobs.get(record.slurm_id)
+                status = self._status(record, job, now, to_cancel)
+                if status.ended and record.final is None:
+                    self.records.put(record.ended(status, now))
+                elif record.final_seen_at is not None and (
+                    now - record.final_seen_at > RECORDS_KEPT_S
+                ):
+                    self.records.drop(record)
+                for key in record.keys:
                     out[key] = status
-            for job in jobs:
-                attempt = (job.job_id, job.attempt)
-                stopping = job.slurm_id in self._stops
-                submitted = self._launched.get(attempt)
-                pending_since = submitted[1] if submitted else job.submit_time or now
-                status = status_of(
-                    job,
-                    now=now,
-                    stop_requested=stopping,
-                    pending_since=pending_since,
-                    timeout=self.settings.pending_timeout,
-                )
-                if status.ended:
-                    self._stops.pop(job.slurm_id, None)
-                    if job.state in ("PENDING", "CONFIGURING"):
-                        to_cancel.append(job.slurm_id)
-                elif stopping and now >= self._stops[job.slurm_id]:
-                    to_cancel.append(job.slurm_id)
-                    self._stops[job.slurm_id] = float("inf")
-                for key in job.keys:
-                    out[key] = status
-                    if status.ended:
-                        self._finals[key] = (status, now)
+            for slurm_id in list(self._stops):
+                if slurm_id not in self._jobs:
+                    del self._stops[slurm_id]
         for slurm_id in to_cancel:
             self._cancel(slurm_id)
         return out
+
+    def _status(
+        self, record: Record, job: SlurmJob | None, now: float, to_cancel: list[int]
+    ) -> ReplicaStatus:
+        if job is None:
+            if record.final is not None:
+                return record.final
+            return result_status(record.slurm_dir, record.slurm_id) or ReplicaStatus(
+                phase=ReplicaPhase.LOST,
+                ended_at=now,
+                stop_requested=record.slurm_id in self._stops,
+                detail=f"Slurm no longer knows job {record.slurm_id}, which left no result",
+            )
+        stopping = job.slurm_id in self._stops
+        status = status_of(
+            job,
+            now=now,
+            stop_requested=stopping,
+            pending_since=record.submitted_at,
+            timeout=self.settings.pending_timeout,
+        )
+        if status.ended and job.state in PENDING_STATES:
+            to_cancel.append(job.slurm_id)  # it cannot start: it must not start later
+        elif not status.ended and stopping and now >= self._stops[job.slurm_id]:
+            to_cancel.append(job.slurm_id)
+            self._stops[job.slurm_id] = float("inf")
+        return status
 
     # ------------------------------------------------------------------ stop
 
@@ -324,22 +376,38 @@ class SlurmExecutor(Executor):
         once); the job is cancelled when ``grace_s`` has passed. One stop per attempt:
         the other replicas of a gang share its Slurm job."""
         with self._lock:
-            job = self._jobs.get((key.job_id, key.attempt))
-            if job is None or job.slurm_id in self._stops:
+            record = self.records.get(key.job_id, key.attempt)
+            if record is None:
+                slurm_id = None
+            elif record.final is not None or record.slurm_id in self._stops:
                 return
-            self._stops[job.slurm_id] = self.clock() + grace_s
-        if job.state in ("PENDING", "CONFIGURING"):
-            self._cancel(job.slurm_id)
+            else:
+                slurm_id = record.slurm_id
+                self._stops[slurm_id] = self.clock() + grace_s
+                job = self._jobs.get(slurm_id)
+        if slurm_id is None:
+            # A launch that failed on our side (sbatch timed out) may still have
+            # reached Slurm: cancel whatever carries the attempt's name.
+            self._cancel_named(job_name(key.job_id, key.attempt))
+            return
+        if job is None or job.state in PENDING_STATES:
+            self._cancel(slurm_id)  # not started (or not yet seen): nothing to let finish
             return
         try:
-            self.run("scancel", f"--signal={self.settings.stop_signal}", str(job.slurm_id))
+            self.run("scancel", f"--signal={self.settings.stop_signal}", str(slurm_id))
         except SlurmError as exc:  # ended meanwhile, or Slurm unreachable: retried by then
-            log.warning("could not signal Slurm job %s: %s", job.slurm_id, exc)
+            log.warning("could not signal Slurm job %s: %s", slurm_id, exc)
         if grace_s <= 0:
-            self._cancel(job.slurm_id)
+            self._cancel(slurm_id)
 
     def _cancel(self, slurm_id: int) -> None:
         try:
             self.run("scancel", str(slurm_id))
         except SlurmError as exc:
             log.warning("could not cancel Slurm job %s: %s", slurm_id, exc)
+
+    def _cancel_named(self, name: str) -> None:
+        try:
+            self.run("scancel", "--me", f"--name={name}")
+        except SlurmError as exc:
+            log.warning("could not cancel Slurm jobs named %s: %s", name, exc)

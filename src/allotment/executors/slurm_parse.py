@@ -264,6 +264,9 @@ class SlurmJob:
     exit_code: int | None
     signal: int | None
     submit_time: float | None
+    user_id: int | None = None
+    output_dir: str | None = None
+    """The folder of the job's output file (the attempt's Slurm directory)."""
 
 
 def comment_for(job_id: str, attempt: int, keys: Iterable[ReplicaKey]) -> str:
@@ -323,6 +326,17 @@ def _exit(value: Any) -> tuple[int | None, int | None]:
     return None, None
 
 
+def _user(value: Any) -> int | None:
+    value = _time(value) if isinstance(value, dict) else value
+    return int(value) if isinstance(value, int | float) else None
+
+
+def _folder(value: Any) -> str | None:
+    if not isinstance(value, str) or "/" not in value:
+        return None
+    return value.rsplit("/", 1)[0] or "/"
+
+
 def parse_jobs(document: Mapping[str, Any]) -> list[SlurmJob]:
     """Allotment's jobs in ``squeue --json`` output (recognised by their comment)."""
     jobs = []
@@ -348,6 +362,8 @@ def parse_jobs(document: Mapping[str, Any]) -> list[SlurmJob]:
                 exit_code=code,
                 signal=sig,
                 submit_time=_time(raw.get("submit_time")),
+                user_id=_user(raw.get("user_id")),
+                output_dir=_folder(raw.get("standard_output")),
             )
         )
     return jobs

@@ -140,15 +140,21 @@ def sbatch_argv(
     return argv
 
 
-def batch_script(launcher: str, components: int) -> str:
+def batch_script(launcher: str, components: int, result: str) -> str:
     """The batch script: the launcher once on every node of the job (every component
-    of a heterogeneous job)."""
+    of a heterogeneous job), then ``<exit code> <start> <end>`` written to ``result``,
+    so that how the attempt ended is known even after Slurm forgets the job."""
     group = f" --het-group=0-{components - 1}" if components > 1 else ""
+    result = shlex.quote(result)
     return (
         "#!/bin/sh\n"
         "# Written by Allotment: runs the attempt's launcher once per node.\n"
-        f"exec srun{group} --ntasks-per-node=1 --kill-on-bad-exit=0 "
-        f"/bin/bash {shlex.quote(launcher)}\n"
+        "start=$(date +%s)\n"
+        f"srun{group} --ntasks-per-node=1 --kill-on-bad-exit=0 /bin/bash {shlex.quote(launcher)}\n"
+        "rc=$?\n"
+        f'printf "%s %s %s\\n" "$rc" "$start" "$(date +%s)" > {result}.tmp\n'
+        f"mv {result}.tmp {result}\n"
+        'exit "$rc"\n'
     )
 
 

@@ -158,6 +158,15 @@ def transition_job(
     return job
 
 
+def sync_attempt(session: Session, job: Job) -> None:
+    """The job's current attempt takes the job's state (and failure class, when set)."""
+    attempt = session.get(Attempt, (job.id, job.attempt))
+    if attempt is not None:
+        attempt.state = job.state
+        if job.failure_class is not None:
+            attempt.failure_class = job.failure_class
+
+
 def cancel_job(session: Session, job_id: str, *, at: float, by: str | None = None) -> Job:
     """Cancel job ``job_id`` (the row locked); return it, now ``cancelled``.
 

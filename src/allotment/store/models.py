@@ -193,8 +193,9 @@ class AuditRecord(Base):
 class JobUsage(Base):
     """What one attempt of a job used during one sampling interval: the samples taken
     in ``[interval_start, interval_start + interval_s)`` aggregated into averages and
-    maxima. GPU utilisation is a percentage (0 to 100) averaged over the attempt's
-    ``gpus`` allocated devices; memory is in bytes; ``cpu_avg`` is in cores. A column
+    maxima. GPU utilisation is a percentage (0 to 100): ``gpu_util_avg`` averaged over
+    the attempt's ``gpus`` allocated devices and the samples, ``gpu_util_max`` the
+    busiest device in any sample; memory is in bytes; ``cpu_avg`` is in cores. A column
     is null when no source measured it."""
 
     __tablename__ = "job_usage"

@@ -49,6 +49,7 @@ def add_job_samples(
         merged = fold(
             None if row is None else _job_aggregate(row),
             util=sample.gpu_util,
+            util_peak=sample.gpu_util_peak,
             gpu_memory=sample.gpu_memory,
             cpu=sample.cpu,
             memory=sample.memory,

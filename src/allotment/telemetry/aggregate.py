@@ -2,10 +2,10 @@
 per-interval aggregates (averages and maxima), without I/O.
 
 A job's GPU utilisation at one instant is the mean over its allocated devices that
-were read; its GPU memory the sum over them. Its CPU (cores) and memory (bytes) are
-the sums over its replicas. An aggregate folds the samples of one interval
-``[start, start + length)`` into a count, an average and a maximum; a value nobody
-measured stays ``None``.
+were read, and its peak that of the busiest of them; its GPU memory the sum over them.
+Its CPU (cores) and memory (bytes) are the sums over its replicas. An aggregate folds
+the samples of one interval ``[start, start + length)`` into a count, an average and a
+maximum; a value nobody measured stays ``None``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ class JobSample:
     attempt: int
     gpus: int
     gpu_util: float | None = None
+    gpu_util_peak: float | None = None
+    """The busiest device's utilisation: a job is idle only when every device is."""
     gpu_memory: int | None = None
     cpu: float | None = None
     memory: int | None = None
@@ -73,11 +75,13 @@ def fold(
     old: Aggregate | None,
     *,
     util: float | None = None,
+    util_peak: float | None = None,
     gpu_memory: int | None = None,
     cpu: float | None = None,
     memory: int | None = None,
 ) -> Aggregate:
     """``old`` with one more sample (``old`` is ``None`` for an interval's first).
+    ``util_max`` is the maximum of ``util_peak`` (else ``util``) over the samples.
 
     The running mean weights every earlier sample equally, which is exact when each
     sample of the interval measured the same columns (the sampler's case)."""
@@ -86,7 +90,7 @@ def fold(
     return Aggregate(
         samples=count + 1,
         util_avg=_avg(base.util_avg, count, util),
-        util_max=_max(base.util_max, util),
+        util_max=_max(base.util_max, util if util_peak is None else util_peak),
         gpu_memory_max=_max_int(base.gpu_memory_max, gpu_memory),
         cpu_avg=_avg(base.cpu_avg, count, cpu),
         memory_max=_max_int(base.memory_max, memory),
@@ -120,6 +124,7 @@ def job_samples(holdings: Iterable[Holding], readings: Sequence[DeviceReading]) 
                 attempt=held.attempt,
                 gpus=len(held.devices),
                 gpu_util=sum(utils) / len(utils) if utils else None,
+                gpu_util_peak=max(utils) if utils else None,
                 gpu_memory=sum(memories) if memories else None,
                 cpu=sum(cpus) if cpus else None,
                 memory=sum(rss) if rss else None,
