@@ -268,13 +268,17 @@ class Server:
     def _executor(self, cluster: Cluster) -> Executor:
         """The executor the cluster file names; a Slurm cluster is checked first."""
         slurm = cluster.executor.slurm
+        executor: Executor
         if slurm is None:
-            return LocalExecutor(self.options.data_dir / "executor")
-        executor = SlurmExecutor(slurm, self.options.data_dir / "executor-slurm")
+            executor = LocalExecutor(self.options.data_dir / "executor", runtime=cluster.runtime)
+            what = "This machine"
+        else:
+            executor = SlurmExecutor(slurm, self.options.data_dir / "executor-slurm")
+            what = "Slurm"
         problems = executor.check()
         if problems:
             listed = "\n".join(f"  - {p}" for p in problems)
-            raise StartupError(f"Slurm is not ready for Allotment:\n{listed}")
+            raise StartupError(f"{what} is not ready for Allotment:\n{listed}")
         return executor
 
     def _serve_cluster(self, cluster: Cluster) -> None:
@@ -380,9 +384,18 @@ class Server:
 
 def _executor_line(cluster: Cluster) -> str:
     slurm = cluster.executor.slurm
+    what = "containers (Podman)" if cluster.runtime.containers else "processes"
     if slurm is None:
-        return "local processes on this machine"
-    return f"Slurm, partition {slurm.partition} (nodes and their health from Slurm)"
+        return f"local {what} on this machine"
+    return f"Slurm, partition {slurm.partition}, {what} (nodes and their health from Slurm)"
+
+
+def _isolation_lines(server: Server) -> list[str]:
+    """What the executor enforces, one aspect a line (say plainly what is not)."""
+    enforced = server.executor.enforcement() if server.executor is not None else {}
+    if not enforced:
+        return []
+    return ["  isolation:"] + [f"    {aspect:<9} {text}" for aspect, text in enforced.items()]
 
 
 def describe(server: Server) -> list[str]:
@@ -399,6 +412,7 @@ def describe(server: Server) -> list[str]:
         f"  cluster:   {len(cluster.pools)} pool(s), {len(cluster.nodes)} node(s), "
         f"{gpus} GPU(s), {len(cluster.leaves)} leaf queue(s)",
         f"  executor:  {_executor_line(cluster)}",
+        *_isolation_lines(server),
         f"  CLI config written to {server.config_path}",
         "  scheduler: running here"
         if server.election is not None and server.election.leading

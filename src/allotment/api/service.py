@@ -21,6 +21,7 @@ from allotment.api.policy import Owned
 from allotment.control.layout import Stream
 from allotment.domain.cluster import Cluster, Node, PriorityClass, Queue
 from allotment.domain.errors import AllotmentError, ConfigError, Issue, MountNotAllowed
+from allotment.domain.isolation import check_execution
 from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import JobState
 from allotment.domain.loading import check_job, load_cluster_text, load_job_text
@@ -87,7 +88,9 @@ def check_data_scopes(spec: JobSpec, cluster: Cluster, tenant: str) -> None:
     scopes = list(declared.data_scopes) if declared is not None else []
     issues = check_mounts(spec.mounts, scopes, tenant=tenant)
     if issues:
-        raise MountNotAllowed(issues, tenant=tenant, scopes=scopes, source=SPEC_SOURCE)
+        raise MountNotAllowed(
+            issues, tenant=tenant, scopes=[s.path for s in scopes], source=SPEC_SOURCE
+        )
 
 
 def _usable_by(may_submit: Callable[[Queue], None] | None) -> Callable[[Queue], bool] | None:
@@ -176,7 +179,9 @@ class JobService:
         if issues:
             raise ConfigError(issues, source=source)
         queue = self.cluster.queues[spec.queue]
-        check_data_scopes(spec, self.cluster, queue.tenant or DEFAULT_TENANT)
+        tenant = queue.tenant or DEFAULT_TENANT
+        check_execution(spec, self.cluster, queue, tenant, source=source)
+        check_data_scopes(spec, self.cluster, tenant)
         priority = self.cluster.priority_class_for(queue, spec.priority_class)
         assert priority is not None  # check_job reported otherwise
         return spec, queue, priority

@@ -301,13 +301,20 @@ class ControlLoop:
             return moves
         failures = {
             job_id: launch_attempt(
-                self.executor, self.work_root, job_id, tenant, spec, number, allocation
+                self.executor,
+                self.cluster,
+                self.work_root,
+                job_id,
+                tenant,
+                spec,
+                number,
+                allocation,
             )
             for job_id, tenant, spec, number, allocation in rows
         }
         now = self.clock()
         with self.store_sessions.begin() as db:
-            for job_id, _tenant, spec, number, allocation in rows:
+            for job_id, _tenant, _spec, number, allocation in rows:
                 job = get_job(db, job_id, for_update=True)
                 if job.state != _S.ADMITTED.value or job.attempt != number:
                     continue
@@ -316,8 +323,9 @@ class ControlLoop:
                     detail = {"attempt": number, "replicas": len(allocation)}
                     self._move(db, job, _S.STARTING, now, "launched", moves, detail=detail)
                 else:
-                    klass = FailureClass.RESOURCES if spec.command else FailureClass.USER_CODE
-                    self._move(db, job, _S.FAILED, now, failure, moves, failure=klass)
+                    self._move(
+                        db, job, _S.FAILED, now, failure.message, moves, failure=failure.failure
+                    )
         for job_id, _tenant, _spec, number, allocation in rows:
             if failures[job_id] is not None:
                 self._stop_keys(replica_keys(job_id, number, allocation))

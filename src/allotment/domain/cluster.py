@@ -9,6 +9,7 @@ parent's) and the tree flattened for fast look-ups.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator
 from enum import StrEnum
 from typing import Annotated, Any, Literal, TypeVar
@@ -24,7 +25,7 @@ from pydantic import (
 
 from allotment.domain.durations import TimeWindow, parse_duration
 from allotment.domain.errors import ConfigError, Issue
-from allotment.domain.executor import ExecutorSpec
+from allotment.domain.executor import ExecutorSpec, RuntimeSpec
 from allotment.domain.lifecycle import FailureClass
 from allotment.domain.reclaim import (
     DEFAULT_SCRATCH_GRACE_S,
@@ -58,6 +59,8 @@ def _scalar_text(value: object) -> object:
 
 
 Text = Annotated[str, BeforeValidator(_scalar_text)]
+ImagePattern = Annotated[str, Field(pattern=r"^[A-Za-z0-9._:/@*?-]{1,512}$")]
+"""An image reference, or a pattern of one with ``*`` and ``?`` (``registry/team/*``)."""
 """A label, topology or environment value: text, with plain numbers accepted as text."""
 PoolQuota = dict[str, ResourcesField]
 """Per-pool resources: ``{a100: {gpu: 16, cpu: 200}}``."""
@@ -182,11 +185,24 @@ class Member(Model):
     role: Role = Role.MEMBER
 
 
+class DataScope(Model):
+    """A path (or ``scheme://bucket/prefix``) a tenant's jobs may mount; read-only
+    unless ``writable``. Written as a plain string for a read-only scope."""
+
+    path: Annotated[str, Field(min_length=1, max_length=4096)]
+    writable: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain(cls, data: object) -> object:
+        return {"path": data} if isinstance(data, str) else data
+
+
 class Tenant(Model):
     """The isolation boundary: members with roles and declared data scopes."""
 
     name: Name
-    data_scopes: list[str] = Field(default_factory=list)
+    data_scopes: list[DataScope] = Field(default_factory=list)
     members: list[Member] = Field(default_factory=list)
     scratch_expiry: Duration | None = Field(default=None, gt=0)
     """Ended jobs' work directories older than this are reported, then deleted."""
@@ -194,6 +210,12 @@ class Tenant(Model):
     """Time between the report of an expired work directory and its deletion."""
     webhook: Webhook | None = None
     """Where this tenant's alerts (e.g. ``max_wait``) are delivered; none: not sent."""
+    images: list[ImagePattern] = Field(default_factory=list)
+    """Image references or ``*`` patterns this tenant's jobs may run (besides the
+    runtime's ``default_image``); a pattern without a tag or digest admits them all."""
+    uid: int | None = Field(default=None, ge=1000, le=2**31 - 2)
+    """The uid and gid this tenant's containers run under (default: one derived from
+    its name inside ``executor.runtime.uids``)."""
 
 
 PreemptionMode = Literal["never", "lower_priority", "any"]
@@ -257,6 +279,9 @@ class QueueSpec(Model):
     weight: float = Field(default=1.0, gt=0, le=1000)
     """Fair-share weight among queues of equal priority."""
     submitters: list[str] | None = None
+    network: bool = False
+    """Whether this queue's jobs may ask for the network (``network: true``); without
+    it, containers run with no network at all."""
     reclaim: ReclaimPolicy | None = None
     """Idle and TTL reclamation (R5.4); inherited by queues below that set none."""
     children: list[QueueSpec] = Field(default_factory=list)
@@ -373,6 +398,25 @@ class Cluster:
     def executor(self) -> ExecutorSpec:
         return self.source.executor
 
+    @property
+    def runtime(self) -> RuntimeSpec:
+        """How replicas run (plain processes or containers)."""
+        return self.source.executor.runtime
+
+    def uid_of(self, tenant: str) -> int:
+        """The uid (and gid) ``tenant``'s containers run under: its own ``uid``, else a
+        stable number inside the runtime's range derived from the name."""
+        spec = self.tenants.get(tenant)
+        if spec is not None and spec.uid is not None:
+            return spec.uid
+        return derived_uid(tenant, self.runtime)
+
+    def images_of(self, tenant: str) -> list[str]:
+        """The image patterns ``tenant`` may run, the runtime's default image first."""
+        spec = self.tenants.get(tenant)
+        default = self.runtime.default_image
+        return ([default] if default else []) + (list(spec.images) if spec else [])
+
     def with_nodes(self, nodes: dict[str, Node]) -> Cluster:
         """The same cluster on other nodes (an executor's inventory); nodes of a pool
         the cluster does not declare are left out."""
@@ -463,6 +507,7 @@ class Cluster:
         for queue in list(queues.values()):
             _check_guarantees(queue, locations[queue.name], issues)
         _check_executor(file, pools, issues)
+        _check_uids(file, issues)
         for i, pool in enumerate(file.pools):
             for j, access in enumerate(pool.queues or []):
                 if access not in queues:
@@ -494,6 +539,33 @@ def _check_executor(file: ClusterFile, pools: dict[str, Pool], issues: list[Issu
                 message="with executor kind slurm the nodes come from Slurm; remove nodes",
             )
         )
+
+
+def derived_uid(tenant: str, runtime: RuntimeSpec) -> int:
+    """A tenant's uid when it sets none: a stable hash of its name into the range."""
+    return runtime.uids.first + zlib.crc32(tenant.encode()) % runtime.uids.count
+
+
+def _check_uids(file: ClusterFile, issues: list[Issue]) -> None:
+    """Two tenants must never share a uid: a shared uid would let one read the other's
+    files. Reported only when containers are on (plain processes use no uids)."""
+    runtime = file.executor.runtime
+    if not runtime.containers:
+        return
+    owners: dict[int, str] = {}
+    for i, tenant in enumerate(file.tenants):
+        uid = tenant.uid if tenant.uid is not None else derived_uid(tenant.name, runtime)
+        if uid in owners:
+            issues.append(
+                Issue(
+                    path=f"tenants.{i}.uid",
+                    message=(
+                        f"tenant {tenant.name!r} would run under uid {uid}, as tenant "
+                        f"{owners[uid]!r} does; give one of them its own uid"
+                    ),
+                )
+            )
+        owners.setdefault(uid, tenant.name)
 
 
 def _unique(items: list[_Named], section: str, issues: list[Issue]) -> dict[str, _Named]:

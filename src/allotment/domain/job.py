@@ -8,6 +8,7 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from allotment.domain.cluster import Duration, Model, Name, ResourcesField, RetryPolicy, Text
+from allotment.domain.executor import parse_bytes
 from allotment.domain.resources import Resources
 
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
@@ -31,10 +32,38 @@ class ReplicaGroup(Model):
     resources: ResourcesField = Field(default_factory=Resources)
 
 
+RESERVED_TARGET = "/allotment"
+"""Where Allotment mounts the working directory inside a container (``/allotment/work``)."""
+_RESERVED_TARGETS = ("/proc", "/sys", "/dev", RESERVED_TARGET)
+UNMOUNTABLE = ",\n\r"
+"""Characters a container runtime's mount option cannot carry in a path."""
+
+
 class Mount(Model):
+    """A host path (or data set) mounted at ``target`` inside the job's container;
+    read-only unless ``read_only: false`` (and the tenant's scope allows writing)."""
+
     source: Annotated[str, Field(min_length=1, max_length=4096)]
     target: Annotated[str, Field(min_length=1, max_length=4096)]
     read_only: bool = True
+
+    @model_validator(mode="after")
+    def _target(self) -> Mount:
+        target = self.target
+        if not target.startswith("/"):
+            raise ValueError(f"target {target!r} must be an absolute path")
+        parts = [p for p in target.split("/") if p]
+        if ".." in parts or "." in parts:
+            raise ValueError(f"target {target!r} must not contain . or .. components")
+        if any(c in target for c in UNMOUNTABLE):
+            raise ValueError(f"target {target!r} must not contain commas or newlines")
+        normal = "/" + "/".join(parts)
+        if normal == "/":
+            raise ValueError("target must not be / (the image's root)")
+        for reserved in _RESERVED_TARGETS:
+            if normal == reserved or normal.startswith(reserved + "/"):
+                raise ValueError(f"target {target!r} is reserved ({reserved})")
+        return self
 
 
 class ServiceSettings(Model):
@@ -72,11 +101,22 @@ class JobSpec(Model):
     command: list[str] = Field(default_factory=list)
     env: dict[EnvName, Text] = Field(default_factory=dict)
     mounts: list[Mount] = Field(default_factory=list)
+    network: bool = False
+    """Ask for the network (the queue must allow it); otherwise a container has none."""
+    shm: Annotated[int, Field(ge=1 << 20, le=1 << 50)] | None = None
+    """The size of ``/dev/shm`` in each replica's container, in bytes (``16Gi``)."""
     max_runtime: Duration | None = None
     expected_runtime: Duration | None = None
     retry: RetryPolicy | None = None
     service: ServiceSettings | None = None
     notebook: NotebookSettings | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sizes(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("shm") is not None:
+            data = {**data, "shm": parse_bytes(data["shm"], name="shm")}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:

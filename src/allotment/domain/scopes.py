@@ -16,8 +16,9 @@ import posixpath
 import re
 from collections.abc import Callable, Sequence
 
+from allotment.domain.cluster import DataScope
 from allotment.domain.errors import Issue
-from allotment.domain.job import Mount
+from allotment.domain.job import UNMOUNTABLE, Mount
 
 Resolver = Callable[[str], str]
 
@@ -58,19 +59,44 @@ def within(path: str, scope: str) -> bool:
 
 def check_mounts(
     mounts: Sequence[Mount],
-    scopes: Sequence[str],
+    scopes: Sequence[DataScope | str],
     *,
     tenant: str,
     resolve: Resolver = os.path.realpath,
 ) -> list[Issue]:
     """One issue per mount whose source does not resolve inside one of ``scopes`` (the
-    tenant's declared data scopes); empty when every mount is allowed."""
-    resolved_scopes = [s for s in (resolve_source(x, resolve=resolve) for x in scopes) if s]
-    shown = ", ".join(scopes) if scopes else "none"
+    tenant's declared data scopes), or that would write where the scope is read-only;
+    empty when every mount is allowed."""
+    return resolve_mounts(mounts, scopes, tenant=tenant, resolve=resolve)[1]
+
+
+def resolve_mounts(
+    mounts: Sequence[Mount],
+    scopes: Sequence[DataScope | str],
+    *,
+    tenant: str,
+    resolve: Resolver = os.path.realpath,
+) -> tuple[list[tuple[str, Mount]], list[Issue]]:
+    """Each allowed mount with its resolved source (what to bind, so that a link
+    changed later cannot lead elsewhere), and one issue per mount refused. A scope
+    given as a string is read-only."""
+    given = [s if isinstance(s, DataScope) else DataScope(path=s) for s in scopes]
+    resolved_scopes = [
+        (resolved, scope)
+        for scope in given
+        if (resolved := resolve_source(scope.path, resolve=resolve)) is not None
+    ]
+    shown = ", ".join(s.path + (" (writable)" if s.writable else "") for s in given) or "none"
+    allowed: list[tuple[str, Mount]] = []
     issues: list[Issue] = []
     for i, mount in enumerate(mounts):
         source = resolve_source(mount.source, resolve=resolve)
         where = f"mounts.{i}.source"
+        if source is not None and any(c in source for c in UNMOUNTABLE):
+            issues.append(
+                Issue(path=where, message=f"{mount.source!r} holds a comma or newline; rename it")
+            )
+            continue
         if source is None:
             issues.append(
                 Issue(
@@ -82,18 +108,31 @@ def check_mounts(
                 )
             )
             continue
-        if any(within(source, scope) for scope in resolved_scopes):
-            continue
+        inside = [scope for resolved, scope in resolved_scopes if within(source, resolved)]
         also = "" if source == mount.source else f" (resolves to {source!r})"
-        why = (
-            f"its data scopes are {shown}"
-            if scopes
-            else "it declares no data scopes, so its jobs may mount nothing"
-        )
-        issues.append(
-            Issue(
-                path=where,
-                message=f"{mount.source!r}{also} is outside tenant {tenant!r}'s data: {why}",
+        if not inside:
+            why = (
+                f"its data scopes are {shown}"
+                if scopes
+                else "it declares no data scopes, so its jobs may mount nothing"
             )
-        )
-    return issues
+            issues.append(
+                Issue(
+                    path=where,
+                    message=f"{mount.source!r}{also} is outside tenant {tenant!r}'s data: {why}",
+                )
+            )
+            continue
+        if not mount.read_only and not any(scope.writable for scope in inside):
+            issues.append(
+                Issue(
+                    path=f"mounts.{i}.read_only",
+                    message=(
+                        f"{mount.source!r}{also} lies in a read-only data scope of tenant "
+                        f"{tenant!r}; mount it with read_only: true, or ask for a writable scope"
+                    ),
+                )
+            )
+            continue
+        allowed.append((source, mount))
+    return allowed, issues

@@ -33,6 +33,31 @@ class ReplicaKey:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Bind:
+    """One host path bind-mounted into a container (``source`` already resolved and
+    checked against the tenant's data scopes)."""
+
+    source: str
+    target: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ContainerSpec:
+    """How a replica runs as a container: its image, the uid and gid it runs under, its
+    binds (besides the working directory), the size of ``/dev/shm``, and whether it
+    has the network."""
+
+    image: str
+    uid: int
+    gid: int
+    binds: tuple[Bind, ...] = ()
+    shm_bytes: int = 64 << 20
+    network: bool = False
+    tenant: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LaunchRequest:
     """Everything an executor needs to start one replica.
 
@@ -59,6 +84,8 @@ class LaunchRequest:
     timeout_grace_s: float = 10.0
     node: str | None = None
     """The node the scheduler placed the replica on (executors of many nodes pin it)."""
+    container: ContainerSpec | None = None
+    """Run in this container (``None``: as a plain process)."""
 
     @property
     def key(self) -> ReplicaKey:
@@ -98,6 +125,8 @@ class ReplicaStatus:
     """The executor ended it for passing ``max_runtime``."""
     stop_requested: bool = False
     """It ended after :meth:`Executor.stop`."""
+    image_error: bool = False
+    """Its image could not be found, pulled or started (failure class ``image``)."""
     detail: str = ""
 
     @property
@@ -155,6 +184,10 @@ class Executor(ABC):
         :meth:`launch`. Executors that run a gang as one unit override it."""
         return [self.launch(request) for request in requests]
 
+    def address(self, node: str) -> str:
+        """How replicas on other nodes reach ``node`` (``MASTER_ADDR`` of a gang)."""
+        return node
+
     def nodes(self, cluster: Cluster) -> dict[str, Node] | None:
         """The nodes this executor reports for ``cluster``'s pools, with their health;
         ``None`` when the cluster file's nodes are the truth (the default)."""
@@ -164,6 +197,15 @@ class Executor(ABC):
         """Problems that keep this executor from working, each saying what to change
         (checked when the server starts)."""
         return []
+
+    def images(self) -> dict[str, list[str]] | None:
+        """The container images present, by node (``None``: this executor cannot tell)."""
+        return None
+
+    def enforcement(self) -> dict[str, str]:
+        """What isolation this executor enforces, by aspect (``memory``, ``cpu``,
+        ``identity``, ``network``, ``mounts``, ``devices``), each in words."""
+        return {}
 
     def usage(self) -> dict[ReplicaKey, ReplicaUsage]:
         """What each live replica uses (optional; the default knows nothing). Must not

@@ -19,7 +19,7 @@ def classify(
 
     ``timed_out``, ``preempted`` and ``oom`` add what the caller knows to what the status
     says (the status's own ``timed_out`` and ``oom`` count too). Precedence: preempted
-    (we stopped it to preempt) → timeout → lost (``node_failure``) → oom → exit code or
+    (we stopped it to preempt) → timeout → image → lost (``node_failure``) → oom → exit code or
     signal (``user_code``). Raises ``ValueError`` for a replica that has not ended.
     """
     if not status.ended:
@@ -28,6 +28,8 @@ def classify(
         return FailureClass.PREEMPTED
     if timed_out or status.timed_out:
         return FailureClass.TIMEOUT
+    if status.image_error:
+        return FailureClass.IMAGE
     if status.phase is ReplicaPhase.LOST:
         return FailureClass.NODE_FAILURE
     oom = oom or status.oom

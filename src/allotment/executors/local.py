@@ -4,6 +4,7 @@ Layout under the state root, one directory per replica::
 
     STATE_ROOT/<job_id>/<attempt>/<replica>-<index>/
         spec.json     what to run (written once, before the supervisor starts)
+        container.env a container's environment (mode 0600; containers only)
         launch.json   the supervisor's pid, written by the executor
         state.json    written by the supervisor (see :mod:`.supervisor`)
         stop.json     a stop request (grace), written by :meth:`LocalExecutor.stop`
@@ -11,11 +12,15 @@ Layout under the state root, one directory per replica::
 
 Everything the executor knows is in these files, so a new instance on the same root (a
 restarted server) re-adopts running replicas and learns how finished ones ended.
+
+With ``runtime.kind: podman`` each replica's command is ``podman run`` of its image
+(:mod:`.containers`); the replica's working directory is handed to its tenant's uid.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -28,6 +33,7 @@ from urllib.parse import quote
 
 import allotment
 from allotment.domain.cluster import Node
+from allotment.domain.executor import RuntimeSpec
 from allotment.executors.base import (
     Executor,
     GpuInfo,
@@ -36,6 +42,14 @@ from allotment.executors.base import (
     ReplicaPhase,
     ReplicaStatus,
     ReplicaUsage,
+)
+from allotment.executors.containers import (
+    PROCESS_ENFORCEMENT,
+    Probe,
+    gpu_device_args,
+    podman_base,
+    podman_run,
+    probe,
 )
 from allotment.executors.gpus import discover_gpus
 from allotment.executors.procfs import members, process_table
@@ -48,6 +62,8 @@ from allotment.executors.supervisor import (
 )
 
 LAUNCH_FILE = "launch.json"
+ENV_FILE = "container.env"
+LOOPBACK = "127.0.0.1"
 LAUNCH_WINDOW_S = 30.0
 """How long a replica without a recorded supervisor counts as starting, not lost."""
 BASE_ENV_NAMES = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME", "TZ")
@@ -98,7 +114,8 @@ class LocalExecutor(Executor):
     ``node`` declares this machine's GPUs for :meth:`inventory` when NVML is absent.
     ``base_env`` is the environment every replica starts from (default: a few
     variables of the server's own, :data:`BASE_ENV_NAMES`); the job's ``env`` and
-    ``CUDA_VISIBLE_DEVICES`` go on top.
+    ``CUDA_VISIBLE_DEVICES`` go on top. ``runtime`` says whether replicas run as plain
+    processes (the default) or containers.
     """
 
     def __init__(
@@ -107,7 +124,10 @@ class LocalExecutor(Executor):
         *,
         node: Node | None = None,
         base_env: Mapping[str, str] | None = None,
+        runtime: RuntimeSpec | None = None,
     ) -> None:
+        self.runtime = runtime or RuntimeSpec()
+        self._probe: Probe | None = None
         self.state_root = Path(state_root)
         self.state_root.mkdir(parents=True, exist_ok=True)
         self.node = node
@@ -140,12 +160,16 @@ class LocalExecutor(Executor):
             return str(key)
         env = {**self.base_env, **request.env}
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in request.devices)
+        command = list(request.command)
+        container: dict[str, Any] | None = None
+        if request.container is not None:
+            command, env, container = self._container(request, directory)
         spec: dict[str, Any] = {
             "job_id": key.job_id,
             "attempt": key.attempt,
             "replica": key.replica,
             "index": key.index,
-            "command": list(request.command),
+            "command": command,
             "env": env,
             "workdir": str(request.workdir),
             "stdout_path": str(request.stdout_path or directory / "stdout.log"),
@@ -156,6 +180,8 @@ class LocalExecutor(Executor):
             "max_runtime": request.max_runtime,
             "timeout_grace_s": request.timeout_grace_s,
         }
+        if container is not None:
+            spec["container"] = container
         write_json_atomic(directory / SPEC_FILE, spec)
         package_root = str(Path(allotment.__file__).resolve().parent.parent)
         supervisor_env = dict(os.environ)
@@ -178,6 +204,42 @@ class LocalExecutor(Executor):
         )
         return str(key)
 
+    def _container(
+        self, request: LaunchRequest, directory: Path
+    ) -> tuple[list[str], dict[str, str], dict[str, Any]]:
+        """The ``podman run`` command of a container replica, the environment Podman
+        itself runs with, and the supervisor's ``container`` section. The container's
+        environment goes to a file only the server's user can read; the working
+        directory is handed to the tenant's uid (when the server is root)."""
+        container = request.container
+        assert container is not None
+        if not self.runtime.containers:
+            raise OSError(
+                "this executor runs plain processes (executor.runtime.kind: process); "
+                "it cannot run a container"
+            )
+        env_path = directory / ENV_FILE
+        run = podman_run(
+            self.runtime,
+            request,
+            env_file=str(env_path),
+            device_args=gpu_device_args(self.runtime, request.devices),
+        )
+        fd = os.open(env_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(run.env_file)
+        if os.geteuid() == 0:
+            os.chown(request.workdir, container.uid, container.gid)
+            request.workdir.chmod(0o700)
+        env = {**self.base_env, **run.inherited_env}
+        section = {
+            "base": podman_base(self.runtime),
+            "name": run.name,
+            "image": container.image,
+            "pull": self.runtime.pull,
+        }
+        return run.argv, env, section
+
     def stop(self, key: ReplicaKey, grace_s: float) -> None:
         """Ask ``key``'s supervisor to stop it (SIGTERM to the group, SIGKILL after
         ``grace_s``). Without a live supervisor, the replica's group is SIGKILLed at
@@ -198,6 +260,25 @@ class LocalExecutor(Executor):
         if isinstance(pgid, int):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
+        spec = read_json(directory / SPEC_FILE) or {}
+        container = spec.get("container")
+        if isinstance(container, dict):
+            # Without its supervisor nobody else would end the container: Podman keeps
+            # it running after its client is killed.
+            self._podman("rm", "--force", "--time", "0", "--ignore", str(container["name"]))
+
+    def _podman(self, *args: str) -> subprocess.CompletedProcess[str] | None:
+        try:
+            return subprocess.run(
+                [*podman_base(self.runtime), *args],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
 
     def observe(self) -> dict[ReplicaKey, ReplicaStatus]:
         """Read every replica's files under the state root. Does not block."""
@@ -242,6 +323,49 @@ class LocalExecutor(Executor):
         self._cpu_seen = cpu_seen
         return seen
 
+    def address(self, node: str) -> str:
+        """Every node of a local cluster is this machine."""
+        return LOOPBACK
+
+    def check(self) -> list[str]:
+        """With containers: Podman and the OCI runtime must be installed and work."""
+        if not self.runtime.containers:
+            return []
+        return self.probe().problems
+
+    def probe(self) -> Probe:
+        """What this host enforces (checked once)."""
+        if self._probe is None:
+            self._probe = probe(self.runtime)
+        return self._probe
+
+    def enforcement(self) -> dict[str, str]:
+        if not self.runtime.containers:
+            return dict(PROCESS_ENFORCEMENT)
+        return dict(self.probe().enforced)
+
+    def images(self) -> dict[str, list[str]] | None:
+        """The images Podman holds on this machine (every node of a local cluster is
+        this machine); ``None`` with plain processes or when Podman cannot tell."""
+        if not self.runtime.containers:
+            return None
+        result = self._podman("images", "--format", "json")
+        if result is None or result.returncode != 0:
+            return None
+        try:
+            listed = json.loads(result.stdout or "[]")
+        except ValueError:
+            return None
+        names = sorted(
+            {
+                str(name)
+                for image in listed
+                if isinstance(image, dict)
+                for name in image.get("Names") or []
+            }
+        )
+        return {self.node.name if self.node is not None else "local": names}
+
     def inventory(self) -> list[GpuInfo]:
         """This machine's GPUs: NVML when available, else the ``node``'s declared ones."""
         return discover_gpus(self.node)
@@ -276,6 +400,7 @@ class LocalExecutor(Executor):
                 signal=sig,
                 oom=bool(state.get("oom", False)),
                 timed_out=bool(state.get("timed_out", False)),
+                image_error=bool(state.get("image_error", False)),
                 **common,
             )
         supervisor = self._supervisor_pid(directory, state)

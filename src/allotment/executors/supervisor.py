@@ -13,10 +13,18 @@ group; the group is SIGKILLed once the grace from ``stop.json`` has passed. Pass
 ``max_runtime`` does the same with ``timeout_grace_s``. When the child leader ends, the
 rest of its group is SIGKILLed so nothing outlives the replica.
 
-Limits: memory is enforced with ``RLIMIT_AS`` on replicas without GPUs (CUDA reserves
-large virtual address ranges, so an address-space limit would break GPU programs); cgroup
-v2 is only detected, not used yet (:func:`cgroup_v2_delegated`). CPU limits are recorded
-but not enforced.
+Containers: when the spec has a ``container`` section, the command is ``podman run``
+(built by :mod:`allotment.executors.containers`). Before it starts, the image is looked
+for (and pulled when the runtime allows); a missing image ends the replica with
+``image_error`` (failure class ``image``), as does Podman's own failure to create or
+start the container (exit status 125). A stop is forwarded to the container by Podman;
+the SIGKILL after the grace goes to the container too (``podman kill``), and the
+container is removed once it ended (after its ``OOMKilled`` flag was read).
+
+Limits of plain processes: memory is enforced with ``RLIMIT_AS`` on replicas without
+GPUs (CUDA reserves large virtual address ranges, so an address-space limit would break
+GPU programs); cgroup v2 is only detected, not used yet (:func:`cgroup_v2_delegated`).
+CPU limits are recorded but not enforced (a container runtime enforces both).
 
 OOM detection is best effort: ``oom`` is set when the kernel's OOM-kill counter for our
 cgroup rose while the child ran (cgroup v2 ``memory.events`` or v1
@@ -112,6 +120,62 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
+PODMAN_FAILED = 125
+"""``podman run``'s exit status when it could not create or start the container."""
+PODMAN_TIMEOUT_S = 120.0
+
+
+class _Container:
+    """The Podman side of one container replica (``spec["container"]``)."""
+
+    def __init__(self, spec: dict[str, Any], env: dict[str, str], stderr_path: Path) -> None:
+        self.base = [str(part) for part in spec["base"]]
+        self.name = str(spec["name"])
+        self.image = str(spec["image"])
+        self.pull = str(spec.get("pull", "never"))
+        self.env = env
+        self.stderr_path = stderr_path
+
+    def podman(self, *args: str, timeout: float = PODMAN_TIMEOUT_S) -> tuple[int, str]:
+        try:
+            result = subprocess.run(
+                [*self.base, *args],
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return 1, str(exc)
+        return result.returncode, (result.stdout + result.stderr).strip()
+
+    def prepare(self) -> str | None:
+        """Make sure the image is here (pulling it when allowed) and no container of
+        the same name is left; what went wrong, or ``None``."""
+        self.podman("rm", "--force", "--ignore", self.name)
+        code, _ = self.podman("image", "exists", self.image)
+        if code == 0:
+            return None
+        if self.pull != "missing":
+            return f"image {self.image} is not on this node (and the runtime pulls never)"
+        code, out = self.podman("pull", "--quiet", self.image, timeout=1800.0)
+        if code == 0:
+            return None
+        tail = out.splitlines()[-1] if out else ""
+        return f"image {self.image} could not be pulled: {tail}"
+
+    def kill(self) -> None:
+        self.podman("kill", "--signal", "KILL", self.name, timeout=30.0)
+
+    def finish(self) -> bool:
+        """Remove the ended container; whether the kernel's OOM killer ended it."""
+        _, out = self.podman("inspect", "--format", "{{.State.OOMKilled}}", self.name)
+        self.podman("rm", "--force", "--ignore", self.name)
+        return out.strip().lower() == "true"
+
+
 class _Supervisor:
     def __init__(self, replica_dir: Path) -> None:
         self.dir = replica_dir
@@ -149,6 +213,26 @@ class _Supervisor:
 
         stdout_path = Path(spec["stdout_path"])
         stderr_path = Path(spec["stderr_path"])
+        container = (
+            _Container(spec["container"], spec["env"], stderr_path)
+            if isinstance(spec.get("container"), dict)
+            else None
+        )
+        if container is not None:
+            use_rlimit = False
+            enforcement = "container"
+            problem = container.prepare()
+            if problem is not None:
+                with contextlib.suppress(OSError), stderr_path.open("a") as note:
+                    note.write(f"allotment: {problem}\n")
+                now = time.time()
+                self.save(
+                    started_at=now, ended_at=now, exit_code=None, image_error=True, detail=problem
+                )
+                return 0
+            if self.term_requested:
+                self.save(ended_at=time.time(), stop_requested=True, detail="stopped before start")
+                return 0
         oom_before = oom_kill_count()
         try:
             with stdout_path.open("ab") as out, stderr_path.open("ab") as err:
@@ -196,6 +280,8 @@ class _Supervisor:
                 kill_at = now + float(spec.get("timeout_grace_s", 10.0))
             if kill_at is not None and not kill_sent and now >= kill_at:
                 kill_sent = True
+                if container is not None:
+                    container.kill()
                 _killpg(child.pid, signal.SIGKILL)
             time.sleep(POLL_S)
         child.returncode = os.waitstatus_to_exitcode(status)
@@ -203,13 +289,30 @@ class _Supervisor:
         code = child.returncode
         max_rss = usage.ru_maxrss * 1024
         evidence = ""
-        oom_after = oom_kill_count()
-        if oom_before is not None and oom_after is not None and oom_after > oom_before:
-            evidence = "kernel_oom_kill"
-        elif code == -signal.SIGKILL and not kill_sent and memory is not None:
-            evidence = "sigkill_at_limit" if max_rss >= memory * 0.9 else ""
-        elif code > 0 and use_rlimit and any(m in _log_tail(stderr_path) for m in _ALLOC_FAILURES):
-            evidence = "rlimit_as_alloc_failure"
+        image_error = False
+        detail = ""
+        if container is not None:
+            if container.finish():
+                evidence = "container_oom_killed"
+            elif code == 128 + signal.SIGKILL and not kill_sent and memory is not None:
+                # cgroup v1 hosts do not always report OOMKilled; nothing but the OOM
+                # killer SIGKILLs a container we did not stop.
+                evidence = "container_sigkill_under_memory_limit"
+            if code == PODMAN_FAILED:
+                image_error = True
+                detail = "the container could not be created or started (see the replica's stderr)"
+        else:
+            oom_after = oom_kill_count()
+            if oom_before is not None and oom_after is not None and oom_after > oom_before:
+                evidence = "kernel_oom_kill"
+            elif code == -signal.SIGKILL and not kill_sent and memory is not None:
+                evidence = "sigkill_at_limit" if max_rss >= memory * 0.9 else ""
+            elif (
+                code > 0
+                and use_rlimit
+                and any(m in _log_tail(stderr_path) for m in _ALLOC_FAILURES)
+            ):
+                evidence = "rlimit_as_alloc_failure"
         self.save(
             ended_at=time.time(),
             exit_code=code if code >= 0 else None,
@@ -219,6 +322,8 @@ class _Supervisor:
             timed_out=timed_out,
             stop_requested=stop_requested,
             max_rss_bytes=max_rss,
+            image_error=image_error,
+            **({"detail": detail} if detail else {}),
         )
         return 0
 

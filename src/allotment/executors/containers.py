@@ -1,0 +1,319 @@
+"""Replicas as Podman containers: the ``podman run`` command line and what the host
+enforces.
+
+Both executors run a container replica the same way (the local executor under its
+supervisor, Slurm's per-node launcher on its node)::
+
+    podman --runtime runc run --name allot-… --init --pull never
+        --user UID:GID --cap-drop all --security-opt no-new-privileges
+        --network none|host --memory M --memory-swap M --cpus C --shm-size S
+        --ulimit nofile=N:N --ulimit nproc=N:N
+        --mount type=bind,source=WORKDIR,destination=/allotment/work -w /allotment/work
+        --mount type=bind,source=SRC,destination=DST[,readonly] …
+        --device /dev/nvidiaN …  --env-file FILE  --label allotment.…
+        IMAGE COMMAND…
+
+Nothing else of the host is visible: the root file system is the image's, ``/proc``
+is the container's own, and the only host paths inside are the attempt's working
+directory and the job's checked mounts. The job's environment goes through an
+environment file (mode 0600), never the command line that other users could read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import resource
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from allotment.domain.executor import RuntimeSpec
+from allotment.domain.job import RESERVED_TARGET
+from allotment.executors.base import LaunchRequest, ReplicaKey
+
+WORKDIR = f"{RESERVED_TARGET}/work"
+"""Where the attempt's working directory is mounted inside the container."""
+LABEL = "allotment.replica"
+"""The label every container of Allotment carries (its replica key)."""
+GPU_CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+"""Device nodes a CUDA program needs besides its GPUs, passed in when present."""
+CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+NOFILE_CAP = 65_536
+NPROC_CAP = 16_384
+_NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
+
+
+def container_name(key: ReplicaKey) -> str:
+    """A Podman name for ``key``'s container: readable, and unique per key (a digest of
+    the key keeps two ids that differ only in unsafe characters apart)."""
+    digest = hashlib.sha256(str(key).encode()).hexdigest()[:8]
+    readable = _NAME_UNSAFE.sub("_", f"{key.job_id}-{key.attempt}-{key.replica}-{key.index}")
+    return f"allot-{readable[:80]}-{digest}"
+
+
+def host_ulimits() -> tuple[int, int]:
+    """``nofile`` and ``nproc`` for containers: this host's hard limits, at most
+    :data:`NOFILE_CAP` and :data:`NPROC_CAP`. Podman's own defaults exceed the hard
+    limits on some hosts, and then no container starts; Podman's monitor also runs
+    under a lower process limit than the host's (32768 seen), so ``nproc`` stays below."""
+
+    def hard(which: int, cap: int) -> int:
+        value = resource.getrlimit(which)[1]
+        return cap if value == resource.RLIM_INFINITY else min(value, cap)
+
+    return hard(resource.RLIMIT_NOFILE, NOFILE_CAP), hard(resource.RLIMIT_NPROC, NPROC_CAP)
+
+
+def cdi_available() -> bool:
+    """Whether a CDI specification for ``nvidia.com/gpu`` is installed on this host."""
+    for directory in CDI_DIRS:
+        try:
+            names = [entry.name for entry in Path(directory).iterdir()]
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith("nvidia") and name.endswith((".yaml", ".json")):
+                return True
+    return False
+
+
+def gpu_device_args(
+    runtime: RuntimeSpec, devices: Sequence[int], *, cdi: bool | None = None
+) -> list[str]:
+    """The ``--device`` options for the node-local GPU indexes ``devices``: CDI names,
+    or the device nodes (``nvidiaN`` and the control nodes present) under
+    ``runtime.device_dir``, each at its usual ``/dev`` path inside."""
+    if not devices:
+        return []
+    use_cdi = runtime.gpu_devices == "cdi" or (
+        runtime.gpu_devices == "auto" and (cdi_available() if cdi is None else cdi)
+    )
+    if use_cdi:
+        return [arg for d in devices for arg in ("--device", f"nvidia.com/gpu={d}")]
+    root = Path(runtime.device_dir)
+    nodes = [f"nvidia{d}" for d in devices]
+    nodes += [n for n in GPU_CONTROL_NODES if (root / n).exists()]
+    return [arg for n in nodes for arg in ("--device", f"{root / n}:/dev/{n}")]
+
+
+def container_env(request: LaunchRequest) -> dict[str, str]:
+    """The environment inside the container: the request's (the job's own, Allotment's
+    and the rendezvous variables), ``HOME`` in the working directory, and
+    ``CUDA_VISIBLE_DEVICES`` renumbered from 0 (the container sees only its GPUs), with
+    the host's indexes in ``ALLOTMENT_HOST_DEVICES``."""
+    env = {"HOME": WORKDIR, **request.env}
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(request.devices)))
+    env["ALLOTMENT_HOST_DEVICES"] = ",".join(str(d) for d in request.devices)
+    return env
+
+
+def env_file_text(env: Mapping[str, str]) -> tuple[str, list[str]]:
+    """``env`` as a Podman environment file, and the names whose values cannot go in
+    one (a newline inside): those are passed as ``--env NAME``, taken from Podman's own
+    environment."""
+    lines, inherited = [], []
+    for name, value in sorted(env.items()):
+        if "\n" in value or "\r" in value:
+            inherited.append(name)
+        else:
+            lines.append(f"{name}={value}\n")
+    return "".join(lines), inherited
+
+
+def bind_arg(source: str, target: str, read_only: bool) -> str:
+    """One ``--mount`` value; raises ``ValueError`` for a path Podman's option syntax
+    cannot carry (a comma, a newline)."""
+    for path in (source, target):
+        if any(c in path for c in ",\n\r\x00"):
+            raise ValueError(f"path {path!r} cannot be mounted (it holds a comma or newline)")
+    arg = f"type=bind,source={source},destination={target}"
+    return arg + (",readonly" if read_only else "")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PodmanRun:
+    """The pieces of one replica's ``podman run``."""
+
+    argv: list[str]
+    env_file: str
+    inherited_env: dict[str, str] = field(default_factory=dict)
+    name: str = ""
+
+
+def podman_base(runtime: RuntimeSpec) -> list[str]:
+    """``podman --runtime RUNTIME``: the start of every Podman command."""
+    return [runtime.podman, "--runtime", runtime.oci_runtime]
+
+
+def podman_run(
+    runtime: RuntimeSpec,
+    request: LaunchRequest,
+    *,
+    env_file: str,
+    device_args: Sequence[str] = (),
+    ulimits: tuple[int, int] | None = None,
+    workdir: str | None = None,
+) -> PodmanRun:
+    """``podman run`` for ``request`` (which must carry a container). ``env_file`` is
+    where the caller writes :attr:`PodmanRun` environment; ``device_args`` are the GPU
+    options (:func:`gpu_device_args`); ``workdir`` is the host directory mounted as the
+    working directory (default ``request.workdir``)."""
+    container = request.container
+    if container is None:
+        raise ValueError("the request has no container")
+    nofile, nproc = ulimits or host_ulimits()
+    name = container_name(request.key)
+    argv = [
+        *podman_base(runtime),
+        "run",
+        "--name",
+        name,
+        "--init",
+        "--pull",
+        "never",
+        "--user",
+        f"{container.uid}:{container.gid}",
+        "--cap-drop",
+        "all",
+        "--security-opt",
+        "no-new-privileges",
+        "--network",
+        "host" if container.network else "none",
+        "--shm-size",
+        f"{container.shm_bytes}b",
+        "--ulimit",
+        f"nofile={nofile}:{nofile}",
+        "--ulimit",
+        f"nproc={nproc}:{nproc}",
+        "--label",
+        f"{LABEL}={request.key}",
+        "--label",
+        f"allotment.tenant={container.tenant}",
+        "--mount",
+        bind_arg(workdir or str(request.workdir), WORKDIR, False),
+        "--workdir",
+        WORKDIR,
+    ]
+    if request.memory_bytes:
+        memory = f"{request.memory_bytes}b"
+        argv += ["--memory", memory, "--memory-swap", memory]
+    if request.cpu_millis:
+        argv += ["--cpus", f"{request.cpu_millis / 1000:g}"]
+    for bind in container.binds:
+        argv += ["--mount", bind_arg(bind.source, bind.target, bind.read_only)]
+    argv += list(device_args)
+    env = container_env(request)
+    text, inherited = env_file_text(env)
+    argv += ["--env-file", env_file]
+    for item in inherited:
+        argv += ["--env", item]
+    argv += [container.image, *request.command]
+    return PodmanRun(
+        argv=argv,
+        env_file=text,
+        inherited_env={k: env[k] for k in inherited},
+        name=name,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """What a host can enforce for containers: ``problems`` keep containers from
+    running at all; ``enforced`` says, by aspect, what is enforced and by what."""
+
+    problems: list[str]
+    enforced: dict[str, str]
+
+
+def _cgroup_controllers() -> tuple[str, set[str]]:
+    """This host's cgroup version (``v1``, ``v2``, ``hybrid``) and the controllers
+    available to containers."""
+    root = Path("/sys/fs/cgroup")
+    try:
+        unified = (root / "cgroup.controllers").read_text(encoding="utf-8").split()
+        return "v2", set(unified)
+    except OSError:
+        pass
+    found = set()
+    for name in ("memory", "cpu", "pids"):
+        if (root / name).is_dir():
+            found.add(name)
+    hybrid = (root / "unified").is_dir()
+    return ("hybrid" if hybrid else "v1"), found
+
+
+def probe(runtime: RuntimeSpec, *, run: bool = True) -> Probe:
+    """Check that Podman and the OCI runtime are there and work (``podman info``, when
+    ``run``), and say what this host enforces."""
+    problems: list[str] = []
+    podman = shutil.which(runtime.podman)
+    if podman is None:
+        problems.append(
+            f"executor.runtime.kind is podman but {runtime.podman!r} is not installed "
+            "(install Debian's podman and runc packages, or set executor.runtime.kind: process)"
+        )
+    elif shutil.which(runtime.oci_runtime) is None and not Path(runtime.oci_runtime).exists():
+        problems.append(
+            f"the OCI runtime {runtime.oci_runtime!r} is not installed (install runc, or set "
+            "executor.runtime.oci_runtime)"
+        )
+    elif run:
+        try:
+            result = subprocess.run(
+                [*podman_base(runtime), "info", "--format", "{{.Host.OCIRuntime.Name}}"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            problems.append(f"podman info failed: {exc}")
+        else:
+            if result.returncode != 0:
+                tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or [""]
+                problems.append(f"podman info failed: {tail[0]}")
+    version, controllers = _cgroup_controllers()
+    root = os.geteuid() == 0
+    enforced = {
+        "image": "enforced: the job's image is its root file system (Podman)",
+        "mounts": (
+            "enforced: only the working directory and the job's mounts, re-checked against "
+            "its tenant's data scopes at launch"
+        ),
+        "network": "enforced: none (--network none) unless the job asks and its queue allows",
+        "memory": (
+            f"enforced by the cgroup {version} memory controller (--memory; OOM kills classed oom)"
+            if "memory" in controllers
+            else "NOT enforced: no cgroup memory controller on this host"
+        ),
+        "cpu": (
+            f"enforced by the cgroup {version} cpu controller (--cpus, CFS quota)"
+            if "cpu" in controllers
+            else "NOT enforced: no cgroup cpu controller on this host"
+        ),
+        "identity": (
+            "enforced: each tenant runs under its own uid and gid (--user), without "
+            "capabilities, and owns its working directory"
+            if root
+            else "NOT enforced: the server is not root, so containers cannot run under "
+            "tenants' uids"
+        ),
+        "devices": "enforced: only the replica's GPUs (--device or CDI), renumbered from 0",
+    }
+    return Probe(problems=problems, enforced=enforced)
+
+
+PROCESS_ENFORCEMENT = {
+    "image": "none: plain processes; jobs naming an image are refused",
+    "mounts": "none: plain processes see the host; jobs with mounts are refused",
+    "network": "NOT enforced: plain processes share the host's network",
+    "memory": "RLIMIT_AS on replicas without GPUs only",
+    "cpu": "NOT enforced",
+    "identity": "NOT enforced: every replica runs as the server's user",
+    "devices": "CUDA_VISIBLE_DEVICES only (a process can still open other GPUs)",
+}
+"""What ``runtime: process`` enforces."""
