@@ -29,6 +29,8 @@ queues:
     children:
       - {name: mine-q, tenant: mine, quota: {a100: {gpu: 2}}}
       - {name: bare-q, tenant: bare, quota: {a100: {gpu: 2}}}
+executor:
+  runtime: {kind: podman, default_image: "localhost/team/base:1"}
 """
 
 
@@ -76,8 +78,38 @@ def test_mounting_outside_the_tenants_scopes_is_refused(
 
 
 def test_mounting_inside_the_scopes_is_accepted(client: AllotmentClient) -> None:
-    submitted = client.submit(job("/data/mine", "/data//mine/a/../b/", "s3://mine-bucket/x"))
+    submitted = client.submit(job("/data/mine", "/data//mine/a/../b/"))
     assert submitted["state"] == "pending"
+
+
+def test_an_object_store_scope_passes_the_scope_check_but_podman_cannot_mount_it(
+    client: AllotmentClient,
+) -> None:
+    with pytest.raises(ClientError) as caught:
+        client.submit(job("/data/mine", "s3://mine-bucket/x"))
+    error = caught.value
+    assert error.status == 422 and error.code == "invalid_config"
+    assert [i["path"] for i in error.fields["issues"]] == ["mounts.1.source"]
+    assert "object-store" in error.message
+    assert client.list_jobs()["jobs"] == []
+
+
+def test_a_plain_process_cluster_refuses_every_mount(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'p.db'}")
+    migrate.upgrade(engine)
+    plain = CLUSTER.split("executor:")[0]
+    app = create_app(
+        cluster=load_cluster_text(plain, source="cluster"),
+        store_sessions=session_factory(engine),
+        clock=FakeClock(),
+    )
+    with serve(app) as url, AllotmentClient(url, timeout=10) as c:
+        with pytest.raises(ClientError) as caught:
+            c.submit(job("/data/mine"))
+        assert caught.value.status == 422 and caught.value.code == "invalid_config"
+        assert "plain processes" in caught.value.message
+        assert c.list_jobs()["jobs"] == []
+    engine.dispose()
 
 
 def test_a_tenant_without_scopes_may_mount_nothing(client: AllotmentClient) -> None:

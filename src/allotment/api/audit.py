@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 API_PREFIX = "/api/v1"
 ANONYMOUS = "anonymous"
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-DENIED_CODES = frozenset({"unauthenticated", "forbidden", "mount_not_allowed"})
+DENIED_CODES = frozenset({"unauthenticated", "forbidden", "mount_not_allowed", "image_not_allowed"})
 """Error codes recorded as ``denied`` (besides any 401 or 403)."""
 BODY_CAP = 64 * 1024
 """Answers longer than this are not parsed for the object's id or the error code."""

@@ -19,7 +19,7 @@ from allotment.api.errors import BatchTooLarge
 from allotment.api.logs import read_log
 from allotment.api.policy import Owned
 from allotment.control.layout import Stream
-from allotment.domain.cluster import Cluster, Node, PriorityClass, Queue
+from allotment.domain.cluster import DEFAULT_TENANT, Cluster, Node, PriorityClass, Queue
 from allotment.domain.errors import AllotmentError, ConfigError, Issue, MountNotAllowed
 from allotment.domain.isolation import check_execution
 from allotment.domain.job import JobSpec
@@ -34,7 +34,6 @@ from allotment.store.models import Event, Job
 MAX_BATCH = 1_000
 """Most job specs one batch submission may hold (more: ``batch_too_large``, HTTP 413)."""
 
-DEFAULT_TENANT = "default"
 ANONYMOUS = "anonymous"
 SPEC_SOURCE = "spec"
 
@@ -180,8 +179,8 @@ class JobService:
             raise ConfigError(issues, source=source)
         queue = self.cluster.queues[spec.queue]
         tenant = queue.tenant or DEFAULT_TENANT
-        check_execution(spec, self.cluster, queue, tenant, source=source)
         check_data_scopes(spec, self.cluster, tenant)
+        check_execution(spec, self.cluster, queue, tenant, source=source)
         priority = self.cluster.priority_class_for(queue, spec.priority_class)
         assert priority is not None  # check_job reported otherwise
         return spec, queue, priority

@@ -18,7 +18,9 @@ from typer.core import TyperGroup
 from allotment.cli import alerts, audit, live, report, tokens, up
 from allotment.cli.common import Output, OutputOption, print_error, print_json
 from allotment.cli.common import console as make_console
+from allotment.domain.cluster import DEFAULT_TENANT
 from allotment.domain.errors import AllotmentError, ConfigError, InvalidInput
+from allotment.domain.isolation import check_execution
 from allotment.domain.loading import check_job, load_cluster, load_job
 
 
@@ -71,6 +73,9 @@ def check(
                 issues = check_job(job, cluster)
                 if issues:
                     raise ConfigError(issues, source=path)
+                queue = cluster.queues[job.queue]
+                tenant = queue.tenant or DEFAULT_TENANT
+                check_execution(job, cluster, queue, tenant, source=str(path))
         except AllotmentError as exc:
             failures.append(exc.message)
             continue

@@ -185,6 +185,10 @@ class Member(Model):
     role: Role = Role.MEMBER
 
 
+DEFAULT_TENANT = "default"
+"""The tenant of jobs in queues that name none."""
+
+
 class DataScope(Model):
     """A path (or ``scheme://bucket/prefix``) a tenant's jobs may mount; read-only
     unless ``writable``. Written as a plain string for a read-only scope."""

@@ -84,6 +84,19 @@ def check_execution(
                     ),
                 )
             )
+    if runtime.containers:
+        for i, mount in enumerate(spec.mounts):
+            if "://" in mount.source:
+                issues.append(
+                    Issue(
+                        path=f"mounts.{i}.source",
+                        message=(
+                            f"{mount.source!r} is an object-store location, which the podman "
+                            "runtime cannot mount; read it from the job with the store's "
+                            "client, or mount a path"
+                        ),
+                    )
+                )
     if spec.network and not queue.spec.network:
         issues.append(
             Issue(

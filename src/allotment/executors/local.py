@@ -306,7 +306,10 @@ class LocalExecutor(Executor):
                 continue
             state = read_json(self.replica_dir(key) / STATE_FILE) or {}
             pgid = state.get("pgid")
-            pids = members(table, [status.pid], pgid if isinstance(pgid, int) else None)
+            roots = [status.pid]
+            if isinstance(state.get("container_pid"), int):
+                roots.append(state["container_pid"])
+            pids = members(table, roots, pgid if isinstance(pgid, int) else None)
             if not pids:
                 continue
             cpu_s = sum(table[p].cpu_s for p in pids)

@@ -4,7 +4,8 @@ It reads ``spec.json`` from the replica directory, starts the command in a proce
 of its own and records what happens in ``state.json`` (replaced atomically, so a reader
 never sees half a file):
 
-- at start: ``supervisor_pid``, ``pid``, ``pgid``, ``started_at``, ``memory_enforcement``;
+- at start: ``supervisor_pid``, ``pid``, ``pgid``, ``started_at``, ``memory_enforcement``
+  (and ``container_pid``, a container's first process, once it runs);
 - at the end: ``ended_at`` and either ``exit_code`` or ``signal``, plus ``oom``,
   ``oom_evidence``, ``timed_out``, ``stop_requested`` and ``max_rss_bytes``.
 
@@ -123,6 +124,8 @@ def _killpg(pgid: int, sig: int) -> None:
 PODMAN_FAILED = 125
 """``podman run``'s exit status when it could not create or start the container."""
 PODMAN_TIMEOUT_S = 120.0
+CONTAINER_LOOK_S = 0.5
+"""How often the supervisor looks for the container's process until it has found it."""
 
 
 class _Container:
@@ -168,6 +171,12 @@ class _Container:
 
     def kill(self) -> None:
         self.podman("kill", "--signal", "KILL", self.name, timeout=30.0)
+
+    def pid(self) -> int | None:
+        """The container's first process on this host, once it runs."""
+        code, out = self.podman("inspect", "--format", "{{.State.Pid}}", self.name, timeout=10.0)
+        value = out.strip()
+        return int(value) if code == 0 and value.isdigit() and int(value) > 0 else None
 
     def finish(self) -> bool:
         """Remove the ended container; whether the kernel's OOM killer ended it."""
@@ -265,11 +274,19 @@ class _Supervisor:
             deadline = time.monotonic() + float(spec["max_runtime"])
         kill_at: float | None = None
         stop_requested = timed_out = kill_sent = False
+        next_look = time.monotonic() + CONTAINER_LOOK_S
         while True:
             pid, status, usage = os.wait4(child.pid, os.WNOHANG)
             if pid:
                 break
             now = time.monotonic()
+            if container is not None and "container_pid" not in self.state and now >= next_look:
+                next_look = now + CONTAINER_LOOK_S
+                found = container.pid()
+                if found:
+                    # The container's processes descend from Podman's monitor, not from
+                    # the client we started: usage readers need its first process.
+                    self.save(container_pid=found)
             if kill_at is None and self.term_requested:
                 stop_requested = True
                 _killpg(child.pid, signal.SIGTERM)
