@@ -137,6 +137,25 @@ def test_logs_never_leave_the_jobs_directory(live: Live, api: AllotmentClient) -
     assert "do not show" not in caught.value.message
 
 
+def test_a_logs_directory_replaced_by_a_link_is_not_followed(
+    live: Live, api: AllotmentClient
+) -> None:
+    # A container owns its working directory, the logs directory's parent: it could move
+    # its logs away and leave a link to another job's logs in their place.
+    other = api.submit(job_text("print('other tenant secret')"))["id"]
+    mine = api.submit(job_text("print('mine')"))["id"]
+    live.until(other, {S.SUCCEEDED})
+    live.until(mine, {S.SUCCEEDED})
+    logs = logs_dir(live.work_root, "me", mine, 1)
+    logs.rename(logs.with_name("moved"))
+    logs.symlink_to(logs_dir(live.work_root, "me", other, 1))
+    with pytest.raises(ClientError) as caught:
+        api.logs(mine)
+    assert caught.value.status == 404
+    assert "secret" not in caught.value.message
+    assert "other tenant secret" in api.logs(other)["data"]
+
+
 def test_logs_of_a_job_not_started_yet(live: Live, api: AllotmentClient) -> None:
     big = api.submit(job_text(SLEEP, gpus=2))["id"]
     live.until(big, {S.RUNNING})

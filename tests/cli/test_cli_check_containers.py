@@ -31,7 +31,7 @@ def test_the_container_example_checks() -> None:
 def test_an_image_on_a_plain_process_cluster_is_refused(tmp_path: Path) -> None:
     job = tmp_path / "job.yaml"
     job.write_text(
-        "name: t\nqueue: default\nimage: localhost/x:1\ncommand: [\"true\"]\n"
+        'name: t\nqueue: default\nimage: localhost/x:1\ncommand: ["true"]\n'
         "replicas: [{count: 1, resources: {gpu: 1}}]\n"
     )
     result = runner.invoke(app, ["check", "-f", str(EXAMPLES / "cluster-local.yaml"), str(job)])
@@ -42,7 +42,7 @@ def test_an_image_on_a_plain_process_cluster_is_refused(tmp_path: Path) -> None:
 def test_an_image_outside_the_allow_list_is_refused(tmp_path: Path) -> None:
     job = tmp_path / "job.yaml"
     job.write_text(
-        "name: t\nqueue: nlp-batch\nimage: localhost/vision/train:1\ncommand: [\"true\"]\n"
+        'name: t\nqueue: nlp-batch\nimage: localhost/vision/train:1\ncommand: ["true"]\n'
         "replicas: [{count: 1, resources: {gpu: 1}}]\n"
     )
     result = runner.invoke(

@@ -33,6 +33,7 @@ from allotment.executors.local import LocalExecutor
 from allotment.executors.supervisor import read_json
 from tests.containers.images import PLAIN, PODMAN, TOOLS, build_images, ensure_podman, missing
 from tests.server.conftest import Up
+from tests.server.test_acceptance import allot
 
 pytestmark = pytest.mark.skipif(bool(missing()), reason=f"containers need {missing()}")
 
@@ -193,6 +194,24 @@ def test_a_job_runs_in_its_image_as_its_tenant_with_only_its_gpu(
     made = next((up.data_dir / "work").glob(f"alpha/{job_id}/1/made-here.txt"))
     assert made.stat().st_uid == uid
     assert made.parent.stat().st_uid == uid and stat.S_IMODE(made.parent.stat().st_mode) == 0o700
+
+
+def test_allot_run_takes_an_image_mounts_and_the_network(deployment: tuple[Up, Path]) -> None:
+    up, data = deployment
+    command = ["sh", "-c", "cat /etc/os-release /in/mine.txt; ls /in"]
+    job_id = allot(
+        up, "run", "-q", "alpha-q", "--gpus", "0", "--image", TOOLS,
+        "--mount", f"{data / 'alpha'}:/in", "--network", "--", *command,
+    ).stdout.strip()  # fmt: skip
+    done = finish(up, job_id)
+    assert done["state"] == "succeeded"
+    assert done["spec"]["mounts"] == [
+        {"source": str(data / "alpha"), "target": "/in", "read_only": True}
+    ]
+    assert done["spec"]["network"] is True
+    assert "ID=allotment-tools" in logs(up, job_id) and "alpha-data" in logs(up, job_id)
+    bad = allot(up, "run", "--mount", "nocolon", "--", "true", check=False)
+    assert bad.returncode != 0 and "SOURCE:TARGET" in bad.stderr
 
 
 def test_a_disallowed_image_is_refused_at_submit_with_the_allow_list(

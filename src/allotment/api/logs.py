@@ -70,10 +70,13 @@ def read_log(
     ended = row.end_time is not None or number < job.attempt
     if work_root is None:
         raise LogsUnavailable("this server keeps no logs: it was started without a work root")
-    where = (work_root, job.tenant, job.id, number)
-    base = logs_dir(*where).resolve()
-    path = log_path(*where, found.group, found.index, stream).resolve()
-    if not path.is_relative_to(base) or not base.is_relative_to(Path(work_root).resolve()):
+    root = Path(work_root).resolve()
+    where = (root, job.tenant, job.id, number)
+    # No link anywhere on the way: a container owns its working directory (the logs
+    # directory's parent) and could put a link to another tenant's logs in its place.
+    expected = log_path(*where, found.group, found.index, stream)
+    path = expected.resolve()
+    if path != expected or logs_dir(*where).resolve() != logs_dir(*where):
         raise NotFound("log", f"{chosen}.{stream}")
     data = b""
     size = 0

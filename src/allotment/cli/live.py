@@ -154,6 +154,16 @@ def run(
     replicas: Annotated[int, typer.Option("--replicas", min=1, help="Replica count.")] = 1,
     cpu: Annotated[str | None, typer.Option("--cpu", help="CPU per replica.")] = None,
     memory: Annotated[str | None, typer.Option("--memory", help="Memory per replica.")] = None,
+    image: Annotated[
+        str | None, typer.Option("--image", help="Container image (container runtimes).")
+    ] = None,
+    mount: Annotated[
+        list[str] | None,
+        typer.Option("--mount", help="SOURCE:TARGET[:rw] (read-only unless :rw; repeatable)."),
+    ] = None,
+    network: Annotated[
+        bool, typer.Option("--network", help="Ask for the network (the queue must allow it).")
+    ] = False,
     output: OutputOption = Output.TABLE,
     url: UrlOption = None,
     token: TokenOption = None,
@@ -176,12 +186,31 @@ def run(
         spec["priority_class"] = priority_class
     if max_runtime is not None:
         spec["max_runtime"] = max_runtime
+    if image is not None:
+        spec["image"] = image
+    if mount:
+        spec["mounts"] = [_mount(text) for text in mount]
+    if network:
+        spec["network"] = True
     with connect(url, token) as client:
         job = client.submit(json.dumps(spec))
     if output is Output.JSON:
         print_json(job)
     else:
         typer.echo(job["id"])
+
+
+def _mount(text: str) -> dict[str, Any]:
+    """``SOURCE:TARGET`` or ``SOURCE:TARGET:rw|ro`` as a job's mount."""
+    parts = text.split(":")
+    mode = "ro"
+    if len(parts) == 3 and parts[2] in ("ro", "rw"):
+        mode = parts.pop()
+    if len(parts) != 2 or not parts[0] or not parts[1]:
+        raise typer.BadParameter(
+            f"{text!r}: write SOURCE:TARGET or SOURCE:TARGET:rw", param_hint="--mount"
+        )
+    return {"source": parts[0], "target": parts[1], "read_only": mode == "ro"}
 
 
 def ls(

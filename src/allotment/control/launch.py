@@ -86,6 +86,15 @@ def rendezvous_env(
     return out
 
 
+def _failure_of(path: str) -> FailureClass:
+    """The failure class of a launch refused for the field at ``path``."""
+    if path.startswith("mounts"):
+        return FailureClass.DATA_ACCESS
+    if path.startswith("image"):
+        return FailureClass.IMAGE
+    return FailureClass.RESOURCES
+
+
 def container_spec(
     cluster: Cluster, spec: JobSpec, tenant: str
 ) -> tuple[ContainerSpec | None, LaunchFailure | None]:
@@ -98,8 +107,9 @@ def container_spec(
         except ImageNotAllowed as exc:
             return None, LaunchFailure(exc.issues[0].message, FailureClass.IMAGE)
         except ConfigError as exc:
-            klass = FailureClass.DATA_ACCESS if spec.mounts else FailureClass.IMAGE
-            return None, LaunchFailure("; ".join(i.message for i in exc.issues), klass)
+            return None, LaunchFailure(
+                "; ".join(i.message for i in exc.issues), _failure_of(exc.issues[0].path)
+            )
     declared = cluster.tenants.get(tenant)
     scopes = list(declared.data_scopes) if declared is not None else []
     allowed, issues = resolve_mounts(spec.mounts, scopes, tenant=tenant)
