@@ -90,13 +90,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Up, P
     try:
         yield up, data
     finally:
-        for process in up.processes:
-            if process.poll() is None:
-                process.kill()
-            process.wait(timeout=10)
-            for stream in (process.stdout, process.stderr):
-                if stream is not None:
-                    stream.close()
+        up.close()
         _remove_containers()
 
 

@@ -110,16 +110,20 @@ class Up:
         _, err = self.process.communicate(timeout=30)
         return self.process.returncode, err.decode()
 
+    def close(self) -> None:
+        """Kill the servers still running and every replica they started."""
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait(timeout=10)
+            for stream in (process.stdout, process.stderr):
+                if stream is not None:
+                    stream.close()
+        kill_everything(self.data_dir / "executor")
+
 
 @pytest.fixture
 def up(tmp_path: Path) -> Iterator[Up]:
     deployment = Up(root=tmp_path)
     yield deployment
-    for process in deployment.processes:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=10)
-        for stream in (process.stdout, process.stderr):
-            if stream is not None:
-                stream.close()
-    kill_everything(deployment.data_dir / "executor")
+    deployment.close()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -163,7 +164,12 @@ class LocalExecutor(Executor):
         command = list(request.command)
         container: dict[str, Any] | None = None
         if request.container is not None:
-            command, env, container = self._container(request, directory)
+            try:
+                command, env, container = self._container(request, directory)
+            except OSError:
+                # Leave nothing half made: the directory marks a launched replica.
+                shutil.rmtree(directory, ignore_errors=True)
+                raise
         spec: dict[str, Any] = {
             "job_id": key.job_id,
             "attempt": key.attempt,

@@ -131,13 +131,12 @@ CONTAINER_LOOK_S = 0.5
 class _Container:
     """The Podman side of one container replica (``spec["container"]``)."""
 
-    def __init__(self, spec: dict[str, Any], env: dict[str, str], stderr_path: Path) -> None:
+    def __init__(self, spec: dict[str, Any], env: dict[str, str]) -> None:
         self.base = [str(part) for part in spec["base"]]
         self.name = str(spec["name"])
         self.image = str(spec["image"])
         self.pull = str(spec.get("pull", "never"))
         self.env = env
-        self.stderr_path = stderr_path
 
     def podman(self, *args: str, timeout: float = PODMAN_TIMEOUT_S) -> tuple[int, str]:
         try:
@@ -223,7 +222,7 @@ class _Supervisor:
         stdout_path = Path(spec["stdout_path"])
         stderr_path = Path(spec["stderr_path"])
         container = (
-            _Container(spec["container"], spec["env"], stderr_path)
+            _Container(spec["container"], spec["env"])
             if isinstance(spec.get("container"), dict)
             else None
         )
