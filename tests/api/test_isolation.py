@@ -1,5 +1,6 @@
 """Data isolation at submit: a job may mount only its tenant's data scopes; a refusal is
-a 422 ``mount_not_allowed`` naming the path and the scopes, and is audited as denied."""
+a 422 ``mount_not_allowed`` naming the path and the scopes, and is audited as denied.
+The cluster runs containers (plain processes refuse every mount before scopes count)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from allotment.store.db import make_engine, session_factory
 from tests.api.conftest import FakeClock, serve
 
 CLUSTER = """\
+executor:
+  runtime: {kind: podman, default_image: "registry.example.com/base:1"}
 pools:
   - name: a100
 nodes:
