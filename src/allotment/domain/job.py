@@ -8,7 +8,7 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from allotment.domain.cluster import Duration, Model, Name, ResourcesField, RetryPolicy, Text
-from allotment.domain.executor import parse_bytes
+from allotment.domain.executor import ImageReference, parse_bytes
 from allotment.domain.resources import Resources
 
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
@@ -97,7 +97,9 @@ class JobSpec(Model):
     priority_class: str | None = None
     replicas: list[ReplicaGroup] = Field(min_length=1, max_length=64)
     pools: list[str] = Field(default_factory=list)
-    image: str | None = None
+    image: ImageReference | None = None
+    """The container image (``host[:port]/path[:tag][@sha256:...]``), checked against the
+    tenant's allow-list; never anything Podman could read as an option."""
     command: list[str] = Field(default_factory=list)
     env: dict[EnvName, Text] = Field(default_factory=dict)
     mounts: list[Mount] = Field(default_factory=list)

@@ -1,8 +1,9 @@
 """Replicas as Podman containers: the ``podman run`` command line and what the host
 enforces.
 
-Both executors run a container replica the same way (the local executor under its
-supervisor, Slurm's per-node launcher on its node)::
+The local executor runs a container replica under its supervisor (the Slurm executor
+runs plain processes only: a cluster file with Slurm and a container runtime is
+refused)::
 
     podman --runtime runc run --name allot-… --init --pull never
         --user UID:GID --cap-drop all --security-opt no-new-privileges

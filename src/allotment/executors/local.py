@@ -210,7 +210,9 @@ class LocalExecutor(Executor):
         """The ``podman run`` command of a container replica, the environment Podman
         itself runs with, and the supervisor's ``container`` section. The container's
         environment goes to a file only the server's user can read; the working
-        directory is handed to the tenant's uid (when the server is root)."""
+        directory is handed to the tenant's uid (when the server is root). A value
+        with a line break, which only Podman's own environment could carry, is refused
+        (``OSError``): job values must never change how Podman itself runs."""
         container = request.container
         assert container is not None
         if not self.runtime.containers:
@@ -225,6 +227,11 @@ class LocalExecutor(Executor):
             env_file=str(env_path),
             device_args=gpu_device_args(self.runtime, request.devices),
         )
+        if run.inherited_env:
+            # Podman runs as this server's user (root): a job's values in its own
+            # environment (LD_PRELOAD, CONTAINERS_CONF, PATH, ...) would change Podman.
+            names = ", ".join(sorted(run.inherited_env))
+            raise OSError(f"environment values with line breaks cannot go to a container: {names}")
         fd = os.open(env_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(run.env_file)
