@@ -188,7 +188,7 @@ def test_a_request_without_a_container_is_refused(tmp_path: Path) -> None:
         podman_run(RuntimeSpec(kind="podman"), request(tmp_path, container=None), env_file="/e")
 
 
-@pytest.mark.parametrize("path", ["/a,b", "/a\nb", "/a\rb", "/a\x00b"])
+@pytest.mark.parametrize("path", ["/a,b", '/a"b', "/a\nb", "/a\rb", "/a\x00b"])
 def test_a_path_the_mount_option_cannot_carry_is_refused(path: str) -> None:
     with pytest.raises(ValueError, match="cannot be mounted"):
         bind_arg(path, "/in", True)

@@ -35,8 +35,9 @@ class ReplicaGroup(Model):
 RESERVED_TARGET = "/allotment"
 """Where Allotment mounts the working directory inside a container (``/allotment/work``)."""
 _RESERVED_TARGETS = ("/proc", "/sys", "/dev", RESERVED_TARGET)
-UNMOUNTABLE = ",\n\r"
-"""Characters a container runtime's mount option cannot carry in a path."""
+UNMOUNTABLE = ',"\n\r'
+"""Characters a container runtime's mount option cannot carry in a path (Podman reads
+``--mount`` as a CSV line: a comma splits it, a double quote breaks it)."""
 
 
 class Mount(Model):
@@ -56,7 +57,9 @@ class Mount(Model):
         if ".." in parts or "." in parts:
             raise ValueError(f"target {target!r} must not contain . or .. components")
         if any(c in target for c in UNMOUNTABLE):
-            raise ValueError(f"target {target!r} must not contain commas or newlines")
+            raise ValueError(
+                f"target {target!r} must not contain commas, double quotes or newlines"
+            )
         normal = "/" + "/".join(parts)
         if normal == "/":
             raise ValueError("target must not be / (the image's root)")

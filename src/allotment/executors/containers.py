@@ -127,10 +127,12 @@ def env_file_text(env: Mapping[str, str]) -> tuple[str, list[str]]:
 
 def bind_arg(source: str, target: str, read_only: bool) -> str:
     """One ``--mount`` value; raises ``ValueError`` for a path Podman's option syntax
-    cannot carry (a comma, a newline)."""
+    cannot carry (a comma, a double quote, a newline: Podman reads the value as CSV)."""
     for path in (source, target):
-        if any(c in path for c in ",\n\r\x00"):
-            raise ValueError(f"path {path!r} cannot be mounted (it holds a comma or newline)")
+        if any(c in path for c in ',"\n\r\x00'):
+            raise ValueError(
+                f"path {path!r} cannot be mounted (it holds a comma, double quote or newline)"
+            )
     arg = f"type=bind,source={source},destination={target}"
     return arg + (",readonly" if read_only else "")
 
