@@ -177,6 +177,14 @@ class AllotmentClient:
         nodes: list[dict[str, Any]] = body["nodes"]
         return nodes
 
+    def images(self) -> dict[str, Any]:
+        """The container images on each node: ``{runtime, known, message, nodes: [{node,
+        images}], allowed, enforcement}``. A tenant's token sees only the images its
+        tenant may run (``allowed`` lists its patterns); ``known`` is false, with a
+        ``message``, when the runtime runs plain processes or the executor cannot tell."""
+        body: dict[str, Any] = self._request("GET", "/images")
+        return body
+
     def apply_cluster(self, text: str, *, dry_run: bool = False) -> dict[str, Any]:
         """Apply ``cluster.yaml`` text: ``{dry_run, applied, version, diff}``, the diff
         per section as ``{added, removed, changed}`` names."""

@@ -214,6 +214,8 @@ class Server:
             after_write=self.election.wake,
             work_root=self.work_root,
             rate_limit=options.rate_limit,
+            images=self.executor.images,
+            enforcement=self.executor.enforcement,
         )
         self.app.state.on_cluster_change = self.replace_cluster
         self.webhooks = WebhookDeliveries(self.sessions, self._current_cluster, clock=self.clock)

@@ -1,5 +1,6 @@
 """Data isolation at submit: a job may mount only its tenant's data scopes; a refusal is
-a 422 ``mount_not_allowed`` naming the path and the scopes, and is audited as denied."""
+a 422 ``mount_not_allowed`` naming the path and the scopes, and is audited as denied.
+The cluster runs containers (plain processes refuse every mount before scopes count)."""
 
 from __future__ import annotations
 

@@ -58,6 +58,7 @@ MATRIX: dict[str, dict[str, Cell]] = {
     "GET /api/v1/queues": READ,
     "GET /api/v1/pools": READ,
     "GET /api/v1/nodes": READ,
+    "GET /api/v1/images": READ,
     "GET /api/v1/cluster": PLATFORM_ONLY,
     "PUT /api/v1/cluster": PLATFORM_ONLY,
     "POST /api/v1/tokens": row((201, 201), (201, 404), (403, 404), (403, 404), (401, 401)),

@@ -14,6 +14,7 @@ from allotment.api.auth import Authenticator
 from allotment.api.dashboard import router as dashboard_router
 from allotment.api.errors import install_error_handlers
 from allotment.api.gate import AfterWrite
+from allotment.api.images import EnforcementSource, ImagesSource
 from allotment.api.limits import MAX_BODY_BYTES, BodyLimit, RefuseNul
 from allotment.api.metrics import DEFAULT_SETTLE_S, metrics_registry
 from allotment.api.metrics import router as metrics_router
@@ -38,6 +39,8 @@ def create_app(
     audit: bool = True,
     rate_limit: RateLimit | None = None,
     metrics_settle_s: float = DEFAULT_SETTLE_S,
+    images: ImagesSource | None = None,
+    enforcement: EnforcementSource | None = None,
 ) -> FastAPI:
     """An app serving ``/api/v1`` and the dashboard for ``cluster`` on the store behind
     ``store_sessions``.
@@ -54,7 +57,11 @@ def create_app(
     ``PUT /cluster`` the app calls ``app.state.on_cluster_change(cluster)`` when the
     composition has set it. ``GET /metrics`` serves Prometheus metrics read from the
     store (:mod:`allotment.api.metrics`; ``metrics_settle_s`` is its event settling
-    time). Does not start a server or the control loop.
+    time). ``images`` and ``enforcement`` are the executor's
+    :meth:`~allotment.executors.base.Executor.images` and
+    :meth:`~allotment.executors.base.Executor.enforcement`, for ``GET /images``
+    (without them the images are unknown; see :mod:`allotment.api.images`). Does not
+    start a server or the control loop.
     """
     app = FastAPI(title="Allotment", version="1")
     app.state.service = JobService(
@@ -65,6 +72,8 @@ def create_app(
     )
     app.state.authenticator = authenticator
     app.state.on_cluster_change = None
+    app.state.images = images
+    app.state.enforcement = enforcement
     app.state.metrics = metrics_registry(
         store_sessions,
         lambda: app.state.service.cluster,

@@ -18,6 +18,7 @@ from allotment.api import audit, reports, schemas
 from allotment.api.access import CurrentPrincipal, Service, Tokens, allowed, on_job, principal
 from allotment.api.alerts import alerts_page
 from allotment.api.auth import Principal
+from allotment.api.images import images_view
 from allotment.api.logs import MAX_CHUNK
 from allotment.api.policy import Action, Owned, require, visible_tenant
 from allotment.domain.cluster import Cluster, Queue
@@ -144,6 +145,18 @@ def pools(svc: Service, _: FleetReader) -> schemas.PoolList:
 @router.get("/nodes", response_model=schemas.NodeList)
 def nodes(svc: Service, who: FleetReader) -> schemas.NodeList:
     return svc.nodes(tenant=visible_tenant(who))
+
+
+@router.get("/images", response_model=schemas.ImagesOut)
+def images(request: Request, svc: Service, who: FleetReader) -> schemas.ImagesOut:
+    """The container images on each node (a tenant's principal: only those its tenant
+    may run) and what the runtime enforces."""
+    return images_view(
+        svc.cluster,
+        tenant=visible_tenant(who),
+        images=request.app.state.images,
+        enforcement=request.app.state.enforcement,
+    )
 
 
 @router.get("/cluster", response_model=schemas.ClusterText)

@@ -261,6 +261,29 @@ class NodeList(Output):
     nodes: list[NodeOut]
 
 
+class NodeImages(Output):
+    node: str
+    images: list[str]
+    """The image references present on the node (those the caller may see)."""
+
+
+class ImagesOut(Output):
+    """``GET /images``: the container images on each node, as far as the caller may
+    see them (a tenant's principal: only the images its tenant may run)."""
+
+    runtime: Literal["process", "podman"]
+    known: bool
+    """Whether the executor could tell which images its nodes hold."""
+    message: str | None = None
+    """Why the images are not known (``known: false``)."""
+    nodes: list[NodeImages]
+    allowed: list[str] | None = None
+    """The image patterns the caller's tenant may run (``None``: a platform admin, who
+    sees every image; or plain processes, which run no image)."""
+    enforcement: dict[str, str] = Field(default_factory=dict)
+    """What the runtime enforces, by aspect (``memory``, ``network``, …), in words."""
+
+
 # ---------------------------------------------------------------- cluster
 
 

@@ -348,6 +348,14 @@ def nodes(
     _show(url, token, output, lambda c: c.nodes(), render.nodes_table)
 
 
+def images(
+    output: OutputOption = Output.TABLE, url: UrlOption = None, token: TokenOption = None
+) -> None:
+    """Container images on the nodes (only those your tenant may run) and what the
+    runtime enforces."""
+    _show(url, token, output, lambda c: c.images(), render.images_view)
+
+
 def top(
     once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
     interval: Annotated[float, typer.Option("--interval", min=0.2, help="Seconds.")] = 2.0,
@@ -382,7 +390,22 @@ def top(
             pass
 
 
-COMMANDS = (apply, submit, run, ls, get, events, why, logs, cancel, queues, pools, nodes, top)
+COMMANDS = (
+    apply,
+    submit,
+    run,
+    ls,
+    get,
+    events,
+    why,
+    logs,
+    cancel,
+    queues,
+    pools,
+    nodes,
+    images,
+    top,
+)
 
 
 def register(app: typer.Typer) -> None:

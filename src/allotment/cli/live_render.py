@@ -264,6 +264,46 @@ def nodes_table(nodes: Iterable[Mapping[str, Any]]) -> Table:
     return table
 
 
+def images_view(data: Mapping[str, Any]) -> RenderableType:
+    """``allot images``: each image with the nodes holding it (or why that is not
+    known), the patterns the caller's tenant may run, and what the runtime enforces."""
+    runtime = data.get("runtime", "?")
+    parts: list[RenderableType] = []
+    if not data.get("known"):
+        message = data.get("message") or "the images are not known"
+        parts.append(Text(f"runtime {runtime}: {message}", style="yellow"))
+    else:
+        nodes = data.get("nodes", [])
+        holders: dict[str, list[str]] = {}
+        for node in nodes:
+            for image in node.get("images", []):
+                holders.setdefault(image, []).append(node["node"])
+        rows = [
+            [
+                image,
+                f"all {len(nodes)}" if len(held) == len(nodes) > 1 else ", ".join(held),
+            ]
+            for image, held in sorted(holders.items())
+        ]
+        parts.append(fitted_table(("image", "nodes"), rows, title=f"images (runtime {runtime})"))
+        if not rows:
+            parts.append(Text("  no image you may see is on any node", style="dim"))
+    allowed = data.get("allowed")
+    if allowed is not None:
+        shown = ", ".join(allowed) if allowed else "none"
+        parts.append(Text(f"your tenant may run: {shown}"))
+    enforcement = data.get("enforcement") or {}
+    if enforcement:
+        table = Table(title="isolation", show_header=False, box=None)
+        table.add_column(style="bold", no_wrap=True)
+        table.add_column(overflow="fold")
+        for aspect, text in enforcement.items():
+            style = "red" if "NOT enforced" in str(text) else ""
+            table.add_row(str(aspect), Text(str(text), style=style))
+        parts.append(table)
+    return Group(*parts)
+
+
 def diff_view(result: Mapping[str, Any]) -> RenderableType:
     lines: list[RenderableType] = []
     if result["dry_run"]:

@@ -5,18 +5,19 @@ file declares. ``kind: slurm`` hands Allotment's placements to a Slurm cluster: 
 come from Slurm's inventory and each pool is recognised by a GRES type, a node feature or
 a partition (``slurm.pools``).
 
-``runtime`` says how each replica runs, on either executor: ``kind: process`` (the
-default) as a plain process of the server's user, which refuses jobs that name an
-``image`` or ``mounts``; ``kind: podman`` as a container of its image (Podman with the
-``runc`` OCI runtime), under its tenant's uid, with only its declared mounts, its
-devices, CPU and memory limits, and no network unless allowed.
+``runtime`` says how each replica runs: ``kind: process`` (the default, and the only
+kind Slurm supports) as a plain process of the server's user, which refuses jobs that
+name an ``image`` or ``mounts``; ``kind: podman`` as a container of its image (Podman
+with the ``runc`` OCI runtime), under its tenant's uid, with only its declared mounts,
+its devices, CPU and memory limits, and no network unless allowed.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from allotment.domain.durations import parse_duration
 from allotment.domain.resources import MILLI, parse_quantity
@@ -87,7 +88,19 @@ IMAGE_REFERENCE = (
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
 )
 """An image reference as OCI tools write it: ``host[:port]/path[:tag][@sha256:…]``."""
-ImageReference = Annotated[str, Field(pattern=IMAGE_REFERENCE, max_length=512)]
+_IMAGE = re.compile(IMAGE_REFERENCE)
+
+
+def _image_reference(value: str) -> str:
+    if len(value) > 512 or _IMAGE.fullmatch(value) is None:
+        raise ValueError(
+            f"{value[:100]!r} is not an image reference: write host[:port]/path[:tag]"
+            "[@sha256:digest], the path in lower case"
+        )
+    return value
+
+
+ImageReference = Annotated[str, AfterValidator(_image_reference)]
 
 
 class UidRange(_Model):

@@ -10,6 +10,9 @@ configuration may have changed in between). The data scopes of mounts are checke
   runtime's ``default_image``; the image must match one of its tenant's patterns
   (:meth:`~allotment.domain.cluster.Cluster.images_of`).
 - ``network: true`` needs a queue that allows the network.
+- With a container runtime no ``env`` value may hold a line break: the environment
+  file cannot carry one, and Podman (run as root) must not be given job values in its
+  own environment, where ``LD_PRELOAD`` or ``CONTAINERS_CONF`` would change Podman.
 """
 
 from __future__ import annotations
@@ -22,16 +25,27 @@ from allotment.domain.errors import ConfigError, Issue
 from allotment.domain.job import JobSpec
 
 
+def repository(image: str) -> str:
+    """``image`` without its tag and digest: ``registry:5000/team/train`` of
+    ``registry:5000/team/train:1.4@sha256:…`` (a tag is a ``:`` after the last ``/``;
+    one before it is a registry's port)."""
+    name = image.split("@", 1)[0]
+    head, slash, last = name.rpartition("/")
+    return head + slash + last.split(":", 1)[0]
+
+
 def image_matches(image: str, pattern: str) -> bool:
     """Whether ``image`` is ``pattern`` (``*`` and ``?`` as in file names; ``*`` also
     crosses ``/``). A pattern without a tag or digest admits every tag and digest of
-    what it names: ``registry/team/train`` admits ``registry/team/train:1.4``."""
+    what it names: ``registry/team/train`` admits ``registry/team/train:1.4``, but
+    ``pytorch`` does not admit ``pytorch:5000/other/image`` (a registry's port)."""
     if fnmatchcase(image, pattern):
         return True
     last = pattern.rsplit("/", 1)[-1]
     if ":" in last or "@" in pattern:
         return False
-    return fnmatchcase(image, pattern + ":*") or fnmatchcase(image, pattern + "@*")
+    name = repository(image)
+    return name != image and fnmatchcase(name, pattern)
 
 
 def image_allowed(image: str, patterns: Sequence[str]) -> bool:
@@ -94,6 +108,18 @@ def check_execution(
                             f"{mount.source!r} is an object-store location, which the podman "
                             "runtime cannot mount; read it from the job with the store's "
                             "client, or mount a path"
+                        ),
+                    )
+                )
+        for name, value in spec.env.items():
+            if "\n" in value or "\r" in value:
+                issues.append(
+                    Issue(
+                        path=f"env.{name}",
+                        message=(
+                            "holds a line break, which a container's environment file cannot "
+                            "carry (and Podman's own environment must not); encode the value "
+                            "(e.g. base64) or put it in a file under a mount"
                         ),
                     )
                 )

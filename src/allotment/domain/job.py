@@ -8,7 +8,7 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from allotment.domain.cluster import Duration, Model, Name, ResourcesField, RetryPolicy, Text
-from allotment.domain.executor import parse_bytes
+from allotment.domain.executor import ImageReference, parse_bytes
 from allotment.domain.resources import Resources
 
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
@@ -35,8 +35,9 @@ class ReplicaGroup(Model):
 RESERVED_TARGET = "/allotment"
 """Where Allotment mounts the working directory inside a container (``/allotment/work``)."""
 _RESERVED_TARGETS = ("/proc", "/sys", "/dev", RESERVED_TARGET)
-UNMOUNTABLE = ",\n\r"
-"""Characters a container runtime's mount option cannot carry in a path."""
+UNMOUNTABLE = ',"\n\r'
+"""Characters a container runtime's mount option cannot carry in a path (Podman reads
+``--mount`` as a CSV line: a comma splits it, a double quote breaks it)."""
 
 
 class Mount(Model):
@@ -56,7 +57,9 @@ class Mount(Model):
         if ".." in parts or "." in parts:
             raise ValueError(f"target {target!r} must not contain . or .. components")
         if any(c in target for c in UNMOUNTABLE):
-            raise ValueError(f"target {target!r} must not contain commas or newlines")
+            raise ValueError(
+                f"target {target!r} must not contain commas, double quotes or newlines"
+            )
         normal = "/" + "/".join(parts)
         if normal == "/":
             raise ValueError("target must not be / (the image's root)")
@@ -97,7 +100,9 @@ class JobSpec(Model):
     priority_class: str | None = None
     replicas: list[ReplicaGroup] = Field(min_length=1, max_length=64)
     pools: list[str] = Field(default_factory=list)
-    image: str | None = None
+    image: ImageReference | None = None
+    """The container image (``host[:port]/path[:tag][@sha256:...]``), checked against the
+    tenant's allow-list; never anything Podman could read as an option."""
     command: list[str] = Field(default_factory=list)
     env: dict[EnvName, Text] = Field(default_factory=dict)
     mounts: list[Mount] = Field(default_factory=list)

@@ -94,7 +94,10 @@ def resolve_mounts(
         where = f"mounts.{i}.source"
         if source is not None and any(c in source for c in UNMOUNTABLE):
             issues.append(
-                Issue(path=where, message=f"{mount.source!r} holds a comma or newline; rename it")
+                Issue(
+                    path=where,
+                    message=f"{mount.source!r} holds a comma, double quote or newline; rename it",
+                )
             )
             continue
         if source is None:

@@ -1,8 +1,9 @@
 """Replicas as Podman containers: the ``podman run`` command line and what the host
 enforces.
 
-Both executors run a container replica the same way (the local executor under its
-supervisor, Slurm's per-node launcher on its node)::
+The local executor runs a container replica under its supervisor (the Slurm executor
+runs plain processes only: a cluster file with Slurm and a container runtime is
+refused)::
 
     podman --runtime runc run --name allot-… --init --pull never
         --user UID:GID --cap-drop all --security-opt no-new-privileges
@@ -28,7 +29,7 @@ import resource
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from allotment.domain.executor import RuntimeSpec
@@ -111,25 +112,27 @@ def container_env(request: LaunchRequest) -> dict[str, str]:
     return env
 
 
-def env_file_text(env: Mapping[str, str]) -> tuple[str, list[str]]:
-    """``env`` as a Podman environment file, and the names whose values cannot go in
-    one (a newline inside): those are passed as ``--env NAME``, taken from Podman's own
-    environment."""
-    lines, inherited = [], []
-    for name, value in sorted(env.items()):
-        if "\n" in value or "\r" in value:
-            inherited.append(name)
-        else:
-            lines.append(f"{name}={value}\n")
-    return "".join(lines), inherited
+def env_file_text(env: Mapping[str, str]) -> str:
+    """``env`` as a Podman environment file. Raises ``ValueError`` for a value with a
+    line break, which such a file cannot carry (and which must never reach Podman's own
+    environment instead: Podman runs as the server's user, and a job's ``LD_PRELOAD``
+    or ``CONTAINERS_CONF`` there would change how Podman itself runs)."""
+    broken = sorted(name for name, value in env.items() if "\n" in value or "\r" in value)
+    if broken:
+        raise ValueError(
+            f"environment values with line breaks cannot go to a container: {', '.join(broken)}"
+        )
+    return "".join(f"{name}={value}\n" for name, value in sorted(env.items()))
 
 
 def bind_arg(source: str, target: str, read_only: bool) -> str:
     """One ``--mount`` value; raises ``ValueError`` for a path Podman's option syntax
-    cannot carry (a comma, a newline)."""
+    cannot carry (a comma, a double quote, a newline: Podman reads the value as CSV)."""
     for path in (source, target):
-        if any(c in path for c in ",\n\r\x00"):
-            raise ValueError(f"path {path!r} cannot be mounted (it holds a comma or newline)")
+        if any(c in path for c in ',"\n\r\x00'):
+            raise ValueError(
+                f"path {path!r} cannot be mounted (it holds a comma, double quote or newline)"
+            )
     arg = f"type=bind,source={source},destination={target}"
     return arg + (",readonly" if read_only else "")
 
@@ -140,7 +143,6 @@ class PodmanRun:
 
     argv: list[str]
     env_file: str
-    inherited_env: dict[str, str] = field(default_factory=dict)
     name: str = ""
 
 
@@ -206,18 +208,9 @@ def podman_run(
     for bind in container.binds:
         argv += ["--mount", bind_arg(bind.source, bind.target, bind.read_only)]
     argv += list(device_args)
-    env = container_env(request)
-    text, inherited = env_file_text(env)
-    argv += ["--env-file", env_file]
-    for item in inherited:
-        argv += ["--env", item]
-    argv += [container.image, *request.command]
-    return PodmanRun(
-        argv=argv,
-        env_file=text,
-        inherited_env={k: env[k] for k in inherited},
-        name=name,
-    )
+    text = env_file_text(container_env(request))
+    argv += ["--env-file", env_file, container.image, *request.command]
+    return PodmanRun(argv=argv, env_file=text, name=name)
 
 
 @dataclass(frozen=True, slots=True)

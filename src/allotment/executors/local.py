@@ -216,7 +216,9 @@ class LocalExecutor(Executor):
         """The ``podman run`` command of a container replica, the environment Podman
         itself runs with, and the supervisor's ``container`` section. The container's
         environment goes to a file only the server's user can read; the working
-        directory is handed to the tenant's uid (when the server is root)."""
+        directory is handed to the tenant's uid (when the server is root). Podman
+        itself runs with the server's base environment only; a value the file cannot
+        carry (a line break) is refused (``OSError``)."""
         container = request.container
         assert container is not None
         if not self.runtime.containers:
@@ -225,26 +227,28 @@ class LocalExecutor(Executor):
                 "it cannot run a container"
             )
         env_path = directory / ENV_FILE
-        run = podman_run(
-            self.runtime,
-            request,
-            env_file=str(env_path),
-            device_args=gpu_device_args(self.runtime, request.devices),
-        )
+        try:
+            run = podman_run(
+                self.runtime,
+                request,
+                env_file=str(env_path),
+                device_args=gpu_device_args(self.runtime, request.devices),
+            )
+        except ValueError as exc:
+            raise OSError(str(exc)) from exc
         fd = os.open(env_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(run.env_file)
         if os.geteuid() == 0:
             os.chown(request.workdir, container.uid, container.gid)
             request.workdir.chmod(0o700)
-        env = {**self.base_env, **run.inherited_env}
         section = {
             "base": podman_base(self.runtime),
             "name": run.name,
             "image": container.image,
             "pull": self.runtime.pull,
         }
-        return run.argv, env, section
+        return run.argv, dict(self.base_env), section
 
     def stop(self, key: ReplicaKey, grace_s: float) -> None:
         """Ask ``key``'s supervisor to stop it (SIGTERM to the group, SIGKILL after

@@ -60,6 +60,11 @@ def node_shares(requests: Sequence[LaunchRequest]) -> list[NodeShare]:
     for request in requests:
         if request.node is None:
             raise UnsupportedRequest(f"replica {request.key} has no node")
+        if request.container is not None:
+            raise UnsupportedRequest(
+                f"replica {request.key} should run in a container; the Slurm executor "
+                "runs plain processes only"
+            )
         by_node.setdefault(request.node, []).append(request)
     shares = []
     for node, replicas in by_node.items():
