@@ -55,6 +55,7 @@ case "$1" in
   image) [ -z "$STUB_NO_IMAGE" ]; exit ;;
   pull) echo "Error: no such registry" >&2; exit 125 ;;
   run)
+    if [ "$3" = "$STUB_FAIL_NAME" ]; then echo "Error: cannot create it" >&2; exit 125; fi
     printf '%s\0' "$@" > "$STUB_DIR/run.args"
     printf '%s' "$ALLOTMENT_HOST_DEVICES" > "$STUB_DIR/run.devices"
     echo "container says hello"
@@ -67,7 +68,8 @@ case "$1" in
       touch "$STUB_DIR/killed"; kill "$(cat "$STUB_DIR/sleep.pid")" 2>/dev/null
     fi ;;
   inspect)
-    if [ -e "$STUB_DIR/killed" ]; then echo "exited 137 false"
+    if [ "$4" = "$STUB_FAIL_NAME" ]; then exit 125
+    elif [ -e "$STUB_DIR/killed" ]; then echo "exited 137 false"
     else echo "exited ${STUB_EXIT:-0} ${STUB_OOM:-false}"; fi ;;
 esac
 exit 0
@@ -289,6 +291,29 @@ def test_a_stop_is_forwarded_then_the_container_is_killed_and_removed(
     assert seen.index(f"kill --signal TERM {name}") < seen.index(f"kill --signal KILL {name}")
     assert seen[-1] == f"rm --force --ignore {name}"
     assert 0.9 <= took < 10  # after the grace the executor wrote, not Slurm's own
+
+
+def test_a_container_that_cannot_start_is_said_at_once_though_its_neighbour_runs(
+    tmp_path: Path, stub: Path, launch: Launch
+) -> None:
+    runtime = stub_runtime(stub, tmp_path)
+    requests = [request(tmp_path, 0, 0), request(tmp_path, 1, 0)]
+    requests[0].stderr_path.parent.mkdir(parents=True)  # type: ignore[union-attr]
+    script, plan = plan_for(tmp_path, requests, runtime)
+    failing = container_name(requests[1].key)
+    running = launch(script, tmp_path, STUB_RUN_S="60", STUB_FAIL_NAME=failing)
+    marker = Path(plan.directory) / IMAGE_ERROR_FILE
+    deadline = time.monotonic() + 20
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the failed start was not said"
+        time.sleep(0.1)
+    assert running.poll() is None  # replica 0 still runs: the server cancels the attempt
+    assert "could not be created or started on a1" in marker.read_text()
+    (Path(plan.directory) / STOP_FILE).write_text("0\n")
+    running.send_signal(signal.SIGTERM)
+    assert running.wait(timeout=20) == 125  # the first failure is the launcher's
+    assert f"kill --signal KILL {container_name(requests[0].key)} {failing}" in calls(stub)
+    assert f"rm --force --ignore {failing}" in calls(stub)
 
 
 def test_a_launcher_stopped_before_it_started_starts_nothing(
