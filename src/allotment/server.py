@@ -275,7 +275,9 @@ class Server:
             executor = LocalExecutor(self.options.data_dir / "executor", runtime=cluster.runtime)
             what = "This machine"
         else:
-            executor = SlurmExecutor(slurm, self.options.data_dir / "executor-slurm")
+            executor = SlurmExecutor(
+                slurm, self.options.data_dir / "executor-slurm", runtime=cluster.runtime
+            )
             what = "Slurm"
         problems = executor.check()
         if problems:

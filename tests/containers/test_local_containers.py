@@ -237,6 +237,14 @@ def test_a_missing_image_fails_with_class_image(deployment: tuple[Up, Path]) -> 
     assert "is not on this node" in logs(up, job_id, stream="err")
 
 
+def test_a_program_exiting_125_is_its_own_failure_not_the_images(
+    deployment: tuple[Up, Path],
+) -> None:
+    up, _ = deployment
+    done = finish(up, submit(up, job(["sh", "-c", "exit 125"])))
+    assert done["state"] == "failed" and done["failure_class"] == "user_code"
+
+
 def test_a_tenant_cannot_read_another_tenants_data_by_any_path(
     deployment: tuple[Up, Path],
 ) -> None:

@@ -86,8 +86,8 @@ def test_bad_runtime_settings_name_their_key(runtime: str, path: str) -> None:
     assert path in [p for p, _ in issues(f"executor: {{runtime: {runtime}}}")]
 
 
-def test_slurm_with_containers_is_refused() -> None:
-    # The Slurm launcher starts plain processes: a container runtime would be ignored.
+def test_slurm_takes_either_runtime() -> None:
+    # The Slurm launcher runs each replica through the same runtime on its node.
     text = """
 executor:
   kind: slurm
@@ -97,11 +97,7 @@ pools: [{name: p}]
 tenants: [{name: a}]
 queues: [{name: q, tenant: a}]
 """
-    with pytest.raises(ConfigError) as caught:
-        load_cluster_text(text % "podman")
-    [issue] = caught.value.issues
-    assert issue.path == "executor.runtime.kind"
-    assert "Slurm" in issue.message and "plain processes" in issue.message
+    assert load_cluster_text(text % "podman").runtime.containers
     assert not load_cluster_text(text % "process").runtime.containers
 
 

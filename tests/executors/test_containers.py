@@ -26,7 +26,7 @@ from allotment.executors.containers import (
     podman_run,
 )
 from allotment.executors.local import LocalExecutor
-from allotment.executors.slurm_script import UnsupportedRequest, node_shares
+from allotment.executors.slurm_script import node_shares
 
 IMAGE = "registry.example.com/vision/train:1"
 SECRET = "s3cr3t-value-9f2c"
@@ -295,9 +295,6 @@ def test_names_are_valid_and_bounded(job: str, attempt: int, replica: str, index
     assert len(name) <= len("allot-") + 80 + 1 + 8
 
 
-def test_the_slurm_launcher_refuses_a_container_replica(tmp_path: Path) -> None:
-    # Its launcher starts plain processes: running the command without the container
-    # would drop the image, the mounts and the tenant's uid without a word.
-    with pytest.raises(UnsupportedRequest, match="plain processes only"):
-        node_shares([request(tmp_path, node="n1")])
-    assert node_shares([request(tmp_path, node="n1", container=None)])[0].node == "n1"
+def test_the_slurm_launcher_groups_container_replicas_by_node(tmp_path: Path) -> None:
+    shares = node_shares([request(tmp_path, node="n1"), request(tmp_path, node="n1", index=1)])
+    assert [(s.node, len(s.replicas)) for s in shares] == [("n1", 2)]

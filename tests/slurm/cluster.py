@@ -13,8 +13,10 @@ Pitfalls (each found the hard way): the daemons must run under the names ``slurm
 and ``slurmd`` (under other names Slurm drops every ``Gres=`` line); ``slurmd`` needs
 ``-d <slurmstepd>``; ``gres.conf`` ``File=`` must name a device node (``mknod … c 1 3``
 fakes one); a loopback-only namespace needs a second address (127.0.0.2) or the daemons
-cannot resolve their own host; no accounting daemon, so ``squeue --json`` and ``scontrol``
-are the only sources; and every daemon is killed by PID on exit.
+cannot resolve their own host; each node has an address of its own in 127.0.0.0/8
+(``NodeAddr``, :func:`node_address`), as on a real network; no accounting daemon, so
+``squeue --json`` and ``scontrol`` are the only sources; and every daemon is killed by
+PID on exit.
 """
 
 from __future__ import annotations
@@ -44,6 +46,13 @@ NODE_CPUS = 8
 NODE_MEMORY_MB = 16000
 CTLD_PORT = 16817
 FIRST_NODE_PORT = 17001
+
+
+def node_address(i: int) -> str:
+    """The address of the ``i``-th node (``NodeAddr``): each its own in 127.0.0.0/8,
+    which the namespace's loopback answers, so a gang's ``MASTER_ADDR`` names a node."""
+    return f"127.0.0.{11 + i}"
+
 
 DEFAULT_CACHE = Path(__file__).resolve().parents[2] / ".cache" / "slurm"
 
@@ -166,7 +175,7 @@ class SlurmCluster:
         ]
         for i, (name, (kind, count)) in enumerate(NODES.items()):
             lines.append(
-                f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 "
+                f"NodeName={name} NodeHostname=localhost NodeAddr={node_address(i)} "
                 f"Port={FIRST_NODE_PORT + i} CPUs={NODE_CPUS} RealMemory={NODE_MEMORY_MB} "
                 f"Gres=gpu:{kind}:{count}"
             )

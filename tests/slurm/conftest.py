@@ -117,7 +117,9 @@ def make_loop(cluster: Cluster, sessions: sessionmaker[Session], tmp_path: Path)
 
     def make() -> ControlLoop:
         assert cluster.executor.slurm is not None
-        executor = SlurmExecutor(cluster.executor.slurm, tmp_path / "slurm-state")
+        executor = SlurmExecutor(
+            cluster.executor.slurm, tmp_path / "slurm-state", runtime=cluster.runtime
+        )
         return ControlLoop(
             cluster,
             sessions,

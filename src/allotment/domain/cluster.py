@@ -533,17 +533,6 @@ def _check_executor(file: ClusterFile, pools: dict[str, Pool], issues: list[Issu
     slurm = file.executor.slurm
     if slurm is None:
         return
-    if file.executor.runtime.containers:
-        issues.append(
-            Issue(
-                path="executor.runtime.kind",
-                message=(
-                    "the Slurm executor runs replicas as plain processes only (its launcher "
-                    "starts no containers), so images, mounts and tenant uids would not be "
-                    "enforced; use runtime kind: process with Slurm"
-                ),
-            )
-        )
     for name in slurm.pools:
         if name not in pools:
             issues.append(_unknown(f"executor.slurm.pools.{name}", "pool", name, pools))

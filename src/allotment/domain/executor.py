@@ -5,9 +5,9 @@ file declares. ``kind: slurm`` hands Allotment's placements to a Slurm cluster: 
 come from Slurm's inventory and each pool is recognised by a GRES type, a node feature or
 a partition (``slurm.pools``).
 
-``runtime`` says how each replica runs: ``kind: process`` (the default, and the only
-kind Slurm supports) as a plain process of the server's user, which refuses jobs that
-name an ``image`` or ``mounts``; ``kind: podman`` as a container of its image (Podman
+``runtime`` says how each replica runs, on either executor: ``kind: process`` (the
+default) as a plain process of the server's user, which refuses jobs that name an
+``image`` or ``mounts``; ``kind: podman`` as a container of its image (Podman
 with the ``runc`` OCI runtime), under its tenant's uid, with only its declared mounts,
 its devices, CPU and memory limits, and no network unless allowed.
 """

@@ -1,9 +1,8 @@
 """Replicas as Podman containers: the ``podman run`` command line and what the host
 enforces.
 
-The local executor runs a container replica under its supervisor (the Slurm executor
-runs plain processes only: a cluster file with Slurm and a container runtime is
-refused)::
+Both executors run a container replica the same way (the local executor under its
+supervisor, Slurm's per-node launcher on its node)::
 
     podman --runtime runc run --name allot-… --init --pull never
         --user UID:GID --cap-drop all --security-opt no-new-privileges
@@ -157,13 +156,25 @@ def podman_run(
     *,
     env_file: str,
     device_args: Sequence[str] = (),
-    ulimits: tuple[int, int] | None = None,
+    ulimits: tuple[int | str, int | str] | None = None,
     workdir: str | None = None,
+    host_env: Sequence[str] = (),
+    sig_proxy: bool = True,
+    passthrough_logs: bool = False,
 ) -> PodmanRun:
     """``podman run`` for ``request`` (which must carry a container). ``env_file`` is
     where the caller writes :attr:`PodmanRun` environment; ``device_args`` are the GPU
-    options (:func:`gpu_device_args`); ``workdir`` is the host directory mounted as the
-    working directory (default ``request.workdir``)."""
+    options (:func:`gpu_device_args`); ``ulimits`` are ``nofile`` and ``nproc`` (default
+    :func:`host_ulimits`; a launcher that learns them on its node passes placeholders);
+    ``workdir`` is the host directory mounted as the working directory (default
+    ``request.workdir``). ``host_env`` names variables whose values are only known where
+    Podman runs: they are left out of the file and passed as ``--env NAME``, taken from
+    Podman's own environment. ``sig_proxy=False`` stops Podman from forwarding the
+    signals it gets to the container, for a caller that forwards them itself (Podman
+    then ends on SIGTERM and SIGINT and leaves the container running: that caller
+    waits for the container with ``podman wait``). ``passthrough_logs`` hands Podman's
+    standard output and error to the container itself (``--log-driver passthrough``),
+    so that what it writes still reaches them after Podman has gone."""
     container = request.container
     if container is None:
         raise ValueError("the request has no container")
@@ -175,6 +186,8 @@ def podman_run(
         "--name",
         name,
         "--init",
+        *([] if sig_proxy else ["--sig-proxy=false"]),
+        *(["--log-driver", "passthrough"] if passthrough_logs else []),
         "--pull",
         "never",
         "--user",
@@ -208,8 +221,12 @@ def podman_run(
     for bind in container.binds:
         argv += ["--mount", bind_arg(bind.source, bind.target, bind.read_only)]
     argv += list(device_args)
-    text = env_file_text(container_env(request))
-    argv += ["--env-file", env_file, container.image, *request.command]
+    env = container_env(request)
+    text = env_file_text({k: v for k, v in env.items() if k not in host_env})
+    argv += ["--env-file", env_file]
+    for item in host_env:
+        argv += ["--env", item]
+    argv += [container.image, *request.command]
     return PodmanRun(argv=argv, env_file=text, name=name)
 
 

@@ -12,6 +12,12 @@ per :meth:`SlurmExecutor.nodes` (each cycle), never one call per job. Stops send
 cancel the job (Slurm's ``KillWait`` then ends it with SIGKILL). Jobs are submitted with
 ``--no-requeue``: a job that fails is requeued by Allotment's retry policy, never by
 Slurm.
+
+With ``executor.runtime.kind: podman`` each replica runs as a Podman container on its
+node (see :mod:`.slurm_script`): the attempt's Slurm files, the replicas' environment
+files (mode 0600) and what the launchers report (a missing image, an OOM kill) live in
+``STATE_DIR/attempts/<job>-<attempt>/``, which the nodes must see at the same path (a
+shared file system), and the attempt's working directory is handed to its tenant's uid.
 """
 
 from __future__ import annotations
@@ -23,10 +29,12 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
+from urllib.parse import quote
 
 from allotment.domain.cluster import Cluster, Node
-from allotment.domain.executor import SlurmSettings
+from allotment.domain.executor import RuntimeSpec, SlurmSettings
 from allotment.executors.base import (
     Executor,
     GpuInfo,
@@ -35,6 +43,7 @@ from allotment.executors.base import (
     ReplicaPhase,
     ReplicaStatus,
 )
+from allotment.executors.containers import PROCESS_ENFORCEMENT, Probe, probe
 from allotment.executors.slurm_parse import (
     PENDING_STATES,
     SlurmJob,
@@ -51,11 +60,26 @@ from allotment.executors.slurm_parse import (
     status_of,
     to_nodes,
 )
-from allotment.executors.slurm_records import RESULT_FILE, Record, Records, result_status
+from allotment.executors.slurm_records import (
+    IMAGE_ERROR_FILE,
+    OOM_FILE,
+    RESULT_FILE,
+    STOP_FILE,
+    Record,
+    Records,
+    image_error,
+    result_status,
+    with_markers,
+)
 from allotment.executors.slurm_script import (
     BASE_EXPORTS,
+    KILL_AFTER_S,
+    ContainerPlan,
     UnsupportedRequest,
     batch_script,
+    container_launcher,
+    container_run,
+    env_file_path,
     is_uniform,
     launcher_script,
     node_shares,
@@ -68,6 +92,10 @@ COMMAND_TIMEOUT_S = 30.0
 RECORDS_KEPT_S = 7 * 86400.0
 """How long the record of an ended attempt is kept (the control loop closes the attempt
 long before, unless it was down that long)."""
+ATTEMPTS_DIR = "attempts"
+"""Under the state directory: one directory per container attempt (see the module)."""
+ENV_MODE = 0o600
+IMAGE_ERROR_EXIT = 125
 
 
 class SlurmError(OSError):
@@ -76,20 +104,30 @@ class SlurmError(OSError):
 
 class SlurmExecutor(Executor):
     """Runs attempts as Slurm jobs, as configured by ``executor.slurm`` in
-    ``cluster.yaml``; what it submitted is recorded under ``state_dir``. ``clock`` is
-    for tests."""
+    ``cluster.yaml``; what it submitted is recorded under ``state_dir``. ``runtime``
+    says whether replicas run as plain processes (the default) or containers.
+    ``clock`` is for tests."""
 
     def __init__(
         self,
         settings: SlurmSettings,
         state_dir: Path,
         *,
+        runtime: RuntimeSpec | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
+        self.runtime = runtime or RuntimeSpec()
         self.clock = clock
         self._lock = threading.Lock()
         self.records = Records(state_dir)
+        self.attempts_root = (Path(state_dir) / ATTEMPTS_DIR).absolute()
+        """Where container attempts keep their files (see :meth:`attempt_dir`)."""
+        self._probe: Probe | None = None
+        self._kill_wait: float | None = None
+        """Slurm's ``KillWait`` in seconds, once read."""
+        self._addresses: dict[str, str] = {}
+        """Node → how other nodes reach it, from the last inventory."""
         self._jobs: dict[int, SlurmJob] = {}
         """This executor's jobs in the last ``squeue``, by Slurm job id."""
         self._stops: dict[int, float] = {}
@@ -131,18 +169,24 @@ class SlurmExecutor(Executor):
 
     def check(self) -> list[str]:
         """Whether Slurm is reachable and configured so that it never reorders, preempts,
-        requeues or over-commits what Allotment placed."""
+        requeues or over-commits what Allotment placed; with containers, whether Podman
+        works (on this machine: the nodes are not asked)."""
+        runtime = self.probe().problems if self.runtime.containers else []
         try:
             config = parse_config(self.run("scontrol", "show", "config"))
         except SlurmError as exc:
             where = self.settings.bin_dir or "PATH"
-            return [f"cannot reach Slurm ({exc}); check executor.slurm.bin_dir ({where})"]
+            return [
+                *runtime,
+                f"cannot reach Slurm ({exc}); check executor.slurm.bin_dir ({where})",
+            ]
+        self._kill_wait = _seconds(config.get("KillWait"))
         try:
             line = self.run("scontrol", "show", "partition", self.settings.partition, "-o")
             partition = key_values(line.strip()) if line.strip() else None
         except SlurmError:
             partition = None
-        problems = [f"Slurm: {p}" for p in config_problems(config, partition)]
+        problems = [*runtime, *(f"Slurm: {p}" for p in config_problems(config, partition))]
         try:
             slurm_nodes = parse_nodes(self.run("scontrol", "show", "node", "-o"))
         except SlurmError as exc:
@@ -163,6 +207,53 @@ class SlurmExecutor(Executor):
             )
         return problems
 
+    def probe(self) -> Probe:
+        """What Podman enforces, as this machine sees it (checked once)."""
+        if self._probe is None:
+            self._probe = probe(self.runtime)
+        return self._probe
+
+    def enforcement(self) -> dict[str, str]:
+        if not self.runtime.containers:
+            return {
+                **PROCESS_ENFORCEMENT,
+                "memory": "by Slurm (--mem) where its task/cgroup plugin constrains memory",
+                "cpu": "by Slurm (--cpus-per-task) where its task/cgroup plugin constrains cores",
+                "identity": "NOT enforced: every replica runs as Slurm runs this server's jobs",
+                "devices": (
+                    "the GPUs Slurm bound (CUDA_VISIBLE_DEVICES; device cgroups only with "
+                    "ConstrainDevices=yes)"
+                ),
+            }
+        enforced = dict(self.probe().enforced)
+        enforced["memory"] = (
+            "enforced by Podman on each node (--memory, --memory-swap; OOM kills classed "
+            "oom), inside Slurm's --mem; needs the nodes' cgroup memory controller"
+        )
+        enforced["cpu"] = (
+            "enforced by Podman on each node (--cpus, CFS quota); needs the nodes' cgroup "
+            "cpu controller"
+        )
+        enforced["devices"] = (
+            "enforced: only the GPUs Slurm bound to the replica (--device or CDI), "
+            "renumbered from 0"
+        )
+        return enforced
+
+    def address(self, node: str) -> str:
+        """How replicas on other nodes reach ``node``: Slurm's ``NodeAddr`` (else its
+        ``NodeHostname``, else its name)."""
+        with self._lock:
+            known = self._addresses.get(node)
+        if known is None:
+            try:
+                self._learn(self.slurm_nodes())
+            except SlurmError as exc:
+                log.warning("cannot read Slurm's nodes: %s", exc)
+            with self._lock:
+                known = self._addresses.get(node)
+        return known or node
+
     # ------------------------------------------------------------------ inventory
 
     def slurm_nodes(self) -> list[SlurmNode]:
@@ -177,17 +268,21 @@ class SlurmExecutor(Executor):
         except SlurmError as exc:
             log.warning("cannot read Slurm's nodes: %s", exc)
             return None
-        self._learn_gres(slurm_nodes)
+        self._learn(slurm_nodes)
         return to_nodes(slurm_nodes, self.settings)
 
-    def _learn_gres(self, slurm_nodes: Sequence[SlurmNode]) -> None:
+    def _learn(self, slurm_nodes: Sequence[SlurmNode]) -> None:
+        """Remember each mapped node's GRES type and address."""
         gres: dict[str, str | None] = {}
+        addresses: dict[str, str] = {}
         for node in slurm_nodes:
             pool = pool_of(node, self.settings)
             if pool is not None:
                 gres[node.name] = gres_type_of(node, self.settings, pool)
+                addresses[node.name] = node.address
         with self._lock:
             self._gres = gres
+            self._addresses = addresses
 
     def inventory(self) -> list[GpuInfo]:
         """The GPUs of every mapped node, numbered across nodes in node order."""
@@ -223,11 +318,23 @@ class SlurmExecutor(Executor):
         except UnsupportedRequest as exc:
             raise SlurmError(str(exc)) from exc
         if not self._gres:
-            self._learn_gres(self.slurm_nodes())
-        slurm_dir = Path(first.workdir) / "slurm"
-        slurm_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._learn(self.slurm_nodes())
+        if any(r.container is not None for r in requests):
+            slurm_dir = self.attempt_dir(*attempt)
+            slurm_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            for stale in (STOP_FILE, RESULT_FILE, IMAGE_ERROR_FILE, OOM_FILE):
+                (slurm_dir / stale).unlink(missing_ok=True)
+            try:
+                plan = self._containers(requests, slurm_dir)
+            except ValueError as exc:  # what a container cannot be given (a line break)
+                raise SlurmError(str(exc)) from exc
+            text = container_launcher(shares, self.settings.stop_signal, plan)
+        else:
+            slurm_dir = Path(first.workdir) / "slurm"
+            slurm_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            text = launcher_script(shares, self.settings.stop_signal)
         launcher = slurm_dir / "launch.sh"
-        launcher.write_text(launcher_script(shares, self.settings.stop_signal))
+        launcher.write_text(text)
         script = slurm_dir / "batch.sh"
         uniform = is_uniform(shares, self._gres)
         components = 1 if uniform else len(shares)
@@ -261,6 +368,62 @@ class SlurmExecutor(Executor):
             self.records.put(record)
         log.info("submitted %s/%s as Slurm job %s", first.job_id, first.attempt, slurm_id)
         return [str(slurm_id)] * len(requests)
+
+    def attempt_dir(self, job_id: str, attempt: int) -> Path:
+        """Where a container attempt's Slurm files, environment files and markers are
+        (on the shared file system): under the state directory, out of its tenant's
+        reach (the working directory is the tenant's)."""
+        name = f"{quote(job_id, safe='').replace('.', '%2E')}-{int(attempt)}"
+        return self.attempts_root / name
+
+    def _is_container_dir(self, slurm_dir: str | None) -> bool:
+        if slurm_dir is None:
+            return False
+        return Path(slurm_dir).parent == self.attempts_root
+
+    def _containers(self, requests: Sequence[LaunchRequest], slurm_dir: Path) -> ContainerPlan:
+        """Write every replica's environment file (mode 0600), hand the working
+        directories to their tenants' uids (when this server is root) and return how
+        the launcher runs the containers."""
+        if not self.runtime.containers:
+            raise SlurmError(
+                "this executor runs plain processes (executor.runtime.kind: process); "
+                "it cannot run a container"
+            )
+        runs = {}
+        for request in requests:
+            container = request.container
+            if container is None:
+                raise SlurmError(f"replica {request.key} has no container, unlike its gang")
+            run = container_run(self.runtime, request, str(slurm_dir))
+            fd = os.open(
+                env_file_path(str(slurm_dir), request.key),
+                os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                ENV_MODE,
+            )
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                os.fchmod(fh.fileno(), ENV_MODE)
+                fh.write(run.env_file)
+            if os.geteuid() == 0:
+                os.chown(request.workdir, container.uid, container.gid)
+                request.workdir.chmod(0o700)
+            runs[request.key] = run
+        kill_wait = self._kill_wait_s()
+        kill_after = KILL_AFTER_S if kill_wait is None else max(1.0, kill_wait / 2)
+        return ContainerPlan(
+            runtime=self.runtime, directory=str(slurm_dir), runs=runs, kill_after=kill_after
+        )
+
+    def _kill_wait_s(self) -> float | None:
+        """Slurm's ``KillWait`` (read once): how long Slurm lets a cancelled job's
+        processes end before it kills them."""
+        if self._kill_wait is None:
+            try:
+                config = parse_config(self.run("scontrol", "show", "config"))
+            except SlurmError:
+                return None
+            self._kill_wait = _seconds(config.get("KillWait"))
+        return self._kill_wait
 
     def _exports(self) -> list[str]:
         return list(dict.fromkeys([*BASE_EXPORTS, *self.settings.export_env]))
@@ -345,10 +508,14 @@ class SlurmExecutor(Executor):
     def _status(
         self, record: Record, job: SlurmJob | None, now: float, to_cancel: list[int]
     ) -> ReplicaStatus:
+        containers = self._is_container_dir(record.slurm_dir)
         if job is None:
             if record.final is not None:
                 return record.final
-            return result_status(record.slurm_dir, record.slurm_id) or ReplicaStatus(
+            ended = result_status(record.slurm_dir, record.slurm_id)
+            if ended is not None and containers:
+                ended = with_markers(ended, record.slurm_dir)
+            return ended or ReplicaStatus(
                 phase=ReplicaPhase.LOST,
                 ended_at=now,
                 stop_requested=record.slurm_id in self._stops,
@@ -362,6 +529,22 @@ class SlurmExecutor(Executor):
             pending_since=record.submitted_at,
             timeout=self.settings.pending_timeout,
         )
+        if containers and status.ended:
+            status = with_markers(status, record.slurm_dir)
+        elif containers and status.phase is ReplicaPhase.RUNNING:
+            problem = image_error(record.slurm_dir)
+            if problem is not None:
+                # One node lacks the image: its replicas never start, so the others
+                # would wait for them for ever. The attempt ends here.
+                to_cancel.append(job.slurm_id)
+                return replace(
+                    status,
+                    phase=ReplicaPhase.EXITED,
+                    exit_code=IMAGE_ERROR_EXIT,
+                    ended_at=now,
+                    image_error=True,
+                    detail=problem,
+                )
         if status.ended and job.state in PENDING_STATES:
             to_cancel.append(job.slurm_id)  # it cannot start: it must not start later
         elif not status.ended and stopping and now >= self._stops[job.slurm_id]:
@@ -375,6 +558,7 @@ class SlurmExecutor(Executor):
         """Send ``stop_signal`` to the attempt's steps (a pending job is cancelled at
         once); the job is cancelled when ``grace_s`` has passed. One stop per attempt:
         the other replicas of a gang share its Slurm job."""
+        stop_dir: str | None = None
         with self._lock:
             record = self.records.get(key.job_id, key.attempt)
             if record is None:
@@ -385,6 +569,10 @@ class SlurmExecutor(Executor):
                 slurm_id = record.slurm_id
                 self._stops[slurm_id] = self.clock() + grace_s
                 job = self._jobs.get(slurm_id)
+                if self._is_container_dir(record.slurm_dir):
+                    stop_dir = record.slurm_dir
+        if stop_dir is not None:
+            self._write_stop(Path(stop_dir), grace_s)
         if slurm_id is None:
             # A launch that failed on our side (sbatch timed out) may still have
             # reached Slurm: cancel whatever carries the attempt's name.
@@ -400,6 +588,17 @@ class SlurmExecutor(Executor):
         if grace_s <= 0:
             self._cancel(slurm_id)
 
+    def _write_stop(self, slurm_dir: Path, grace_s: float) -> None:
+        """Tell a container attempt's launchers how long its containers may take to
+        stop (they kill them then), before they get the stop signal."""
+        path = slurm_dir / STOP_FILE
+        try:
+            temporary = path.with_suffix(".tmp")
+            temporary.write_text(f"{max(0.0, grace_s):.3f}\n")
+            temporary.replace(path)
+        except OSError as exc:
+            log.warning("could not write %s: %s", path, exc)
+
     def _cancel(self, slurm_id: int) -> None:
         try:
             self.run("scancel", str(slurm_id))
@@ -411,3 +610,13 @@ class SlurmExecutor(Executor):
             self.run("scancel", "--me", f"--name={name}")
         except SlurmError as exc:
             log.warning("could not cancel Slurm jobs named %s: %s", name, exc)
+
+
+def _seconds(value: str | None) -> float | None:
+    """``30 sec`` (as ``scontrol show config`` writes durations) in seconds."""
+    if not value:
+        return None
+    try:
+        return float(value.split()[0])
+    except ValueError:
+        return None

@@ -95,6 +95,8 @@ class SlurmNode:
     partitions: frozenset[str]
     state: str
     reason: str = ""
+    address: str = ""
+    """How other nodes reach it: ``NodeAddr``, else ``NodeHostname``, else its name."""
 
     @property
     def healthy(self) -> bool:
@@ -135,6 +137,14 @@ def _int(value: str | None, default: int = 0) -> int:
         return default
 
 
+def _address(fields: Mapping[str, str]) -> str | None:
+    for key in ("NodeAddr", "NodeHostname"):
+        value = fields.get(key, "")
+        if value and value != "(null)":
+            return value
+    return None
+
+
 def parse_nodes(text: str) -> list[SlurmNode]:
     """Every node of ``scontrol show node -o`` (one per line)."""
     nodes = []
@@ -153,6 +163,7 @@ def parse_nodes(text: str) -> list[SlurmNode]:
                 partitions=_words(fields.get("Partitions")),
                 state=fields.get("State", "UNKNOWN"),
                 reason=fields.get("Reason", ""),
+                address=_address(fields) or name,
             )
         )
     return nodes

@@ -7,6 +7,10 @@ records let a server that was down longer still learn how its jobs ended (from t
 record, else from the result file the batch script left), and they name the one Slurm
 job that belongs to an attempt, so a job someone else submitted with a look-alike name
 or comment is never taken for it.
+
+A container attempt's launchers also leave what only they see beside the result: an
+``image-error`` file (a missing image, a container Podman could not create) and an
+``oom`` file (an OOM kill); :func:`with_markers` reads them into the attempt's status.
 """
 
 from __future__ import annotations
@@ -22,6 +26,15 @@ from allotment.executors.base import ReplicaKey, ReplicaPhase, ReplicaStatus
 
 RESULT_FILE = "result"
 """Written by the batch script when ``srun`` returns: ``<exit code> <start> <end>``."""
+IMAGE_ERROR_FILE = "image-error"
+"""Written by a container attempt's launcher when its image is missing or Podman could
+not create or start a container: what went wrong (failure class ``image``)."""
+OOM_FILE = "oom"
+"""Written by a container attempt's launcher when the kernel's OOM killer ended one of
+its containers."""
+STOP_FILE = "stop"
+"""Written by the executor before it signals a container attempt to stop: the grace
+period in seconds, after which the launcher removes the containers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +100,31 @@ def result_status(slurm_dir: str | None, slurm_id: int) -> ReplicaStatus | None:
         ended_at=end,
         detail=detail,
     )
+
+
+def image_error(slurm_dir: str | None) -> str | None:
+    """What the launcher said of a missing image or a container that could not start
+    (``None``: nothing)."""
+    if slurm_dir is None:
+        return None
+    try:
+        text = (Path(slurm_dir) / IMAGE_ERROR_FILE).read_text(errors="replace")
+    except OSError:
+        return None
+    return text.strip() or "the container could not be created or started"
+
+
+def with_markers(status: ReplicaStatus, slurm_dir: str | None) -> ReplicaStatus:
+    """An ended container attempt's ``status`` with what its launcher left beside the
+    result: an image error (failure class ``image``) and OOM kills."""
+    if slurm_dir is None or not status.ended:
+        return status
+    problem = image_error(slurm_dir)
+    if problem is not None:
+        status = replace(status, image_error=True, detail=problem)
+    if (Path(slurm_dir) / OOM_FILE).exists():
+        status = replace(status, oom=True)
+    return status
 
 
 class Records:

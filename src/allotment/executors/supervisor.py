@@ -18,9 +18,10 @@ Containers: when the spec has a ``container`` section, the command is ``podman r
 (built by :mod:`allotment.executors.containers`). Before it starts, the image is looked
 for (and pulled when the runtime allows); a missing image ends the replica with
 ``image_error`` (failure class ``image``), as does Podman's own failure to create or
-start the container (exit status 125). A stop is forwarded to the container by Podman;
-the SIGKILL after the grace goes to the container too (``podman kill``), and the
-container is removed once it ended (after its ``OOMKilled`` flag was read).
+start the container (exit status 125, 126 or 127 from a container that never ran). A
+stop is forwarded to the container by Podman; the SIGKILL after the grace goes to the
+container too (``podman kill``), and the container is removed once it ended (after its
+state and ``OOMKilled`` flag were read).
 
 Limits of plain processes: memory is enforced with ``RLIMIT_AS`` on replicas without
 GPUs (CUDA reserves large virtual address ranges, so an address-space limit would break
@@ -121,8 +122,8 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-PODMAN_FAILED = 125
-"""``podman run``'s exit status when it could not create or start the container."""
+PODMAN_FAILED = (125, 126, 127)
+"""``podman run``'s exit statuses when it could not create or start the container."""
 PODMAN_TIMEOUT_S = 120.0
 CONTAINER_LOOK_S = 0.5
 """How often the supervisor looks for the container's process until it has found it."""
@@ -177,11 +178,17 @@ class _Container:
         value = out.strip()
         return int(value) if code == 0 and value.isdigit() and int(value) > 0 else None
 
-    def finish(self) -> bool:
-        """Remove the ended container; whether the kernel's OOM killer ended it."""
-        _, out = self.podman("inspect", "--format", "{{.State.OOMKilled}}", self.name)
+    def finish(self) -> tuple[bool, bool]:
+        """Remove the ended container; whether it ran (its program started and exited,
+        so an exit status is the program's own) and whether the kernel's OOM killer
+        ended it."""
+        code, out = self.podman(
+            "inspect", "--format", "{{.State.Status}} {{.State.OOMKilled}}", self.name
+        )
         self.podman("rm", "--force", "--ignore", self.name)
-        return out.strip().lower() == "true"
+        words = out.split() if code == 0 else []
+        ran = bool(words) and words[0] == "exited"
+        return ran, len(words) > 1 and words[1].lower() == "true"
 
 
 class _Supervisor:
@@ -308,13 +315,14 @@ class _Supervisor:
         image_error = False
         detail = ""
         if container is not None:
-            if container.finish():
+            ran, oom_killed = container.finish()
+            if oom_killed:
                 evidence = "container_oom_killed"
             elif code == 128 + signal.SIGKILL and not kill_sent and memory is not None:
                 # cgroup v1 hosts do not always report OOMKilled; nothing but the OOM
                 # killer SIGKILLs a container we did not stop.
                 evidence = "container_sigkill_under_memory_limit"
-            if code == PODMAN_FAILED:
+            if code in PODMAN_FAILED and not ran and not stop_requested:
                 image_error = True
                 detail = "the container could not be created or started (see the replica's stderr)"
         else:
