@@ -185,12 +185,25 @@ def test_an_explicit_uid_may_not_be_another_tenants_derived_one() -> None:
 
 
 def test_derived_uids_collide_only_as_reported() -> None:
-    # With a one-uid range every tenant derives the same uid: the second is reported.
+    # With a one-uid range every tenant derives the same uid, the one the jobs of
+    # queues without a tenant ("default") run under: a and b are both reported.
     found = issues(
         "executor: {runtime: {kind: podman, uids: {first: 70000, count: 1}}}",
         "tenants: [{name: a}, {name: b}, {name: c, uid: 80000}]",
     )
-    assert [p for p, _ in found] == ["tenants.1.uid"]
+    assert [p for p, _ in found] == ["tenants.0.uid", "tenants.1.uid"]
+    assert "default" in found[0][1]
+
+
+def test_a_tenant_may_not_share_the_uid_of_queues_without_a_tenant() -> None:
+    runtime = RuntimeSpec(kind="podman")
+    taken = derived_uid("default", runtime)
+    [(path, message)] = issues(
+        "executor: {runtime: {kind: podman}}", f"tenants: [{{name: a, uid: {taken}}}]"
+    )
+    assert path == "tenants.0.uid" and "default" in message
+    # A declared tenant named default is the one those jobs run as: no extra owner.
+    load("executor: {runtime: {kind: podman}}", "tenants: [{name: default}, {name: a}]")
 
 
 def test_derived_uid_is_the_documented_hash() -> None:

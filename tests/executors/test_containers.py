@@ -242,6 +242,18 @@ def test_control_nodes_are_passed_only_when_present(tmp_path: Path) -> None:
     assert f"{tmp_path}/nvidiactl:/dev/nvidiactl" in gpu_device_args(runtime, (0,))
 
 
+def test_virtual_gpus_have_no_device_node_to_pass(tmp_path: Path) -> None:
+    runtime = RuntimeSpec(kind="podman", device_dir=str(tmp_path), gpu_devices="device")
+    assert gpu_device_args(runtime, (0, 1)) == []
+
+
+def test_a_missing_device_node_among_real_ones_is_an_error(tmp_path: Path) -> None:
+    fake_device(tmp_path / "nvidia0")
+    runtime = RuntimeSpec(kind="podman", device_dir=str(tmp_path), gpu_devices="device")
+    with pytest.raises(ValueError, match="nvidia1 for the replica's GPU"):
+        gpu_device_args(runtime, (0, 1))
+
+
 def test_no_gpus_no_devices(tmp_path: Path) -> None:
     fake_device(tmp_path / "nvidiactl")
     for mode in ("auto", "device", "cdi"):
@@ -256,6 +268,7 @@ def test_cdi_names_the_gpus(tmp_path: Path) -> None:
     assert gpu_device_args(cdi, (2, 3)) == expected
     auto = RuntimeSpec(kind="podman", device_dir=str(tmp_path), gpu_devices="auto")
     assert gpu_device_args(auto, (2, 3), cdi=True) == expected
+    fake_device(tmp_path / "nvidia2")
     assert gpu_device_args(auto, (2,), cdi=False) == [
         "--device",
         f"{tmp_path}/nvidia2:/dev/nvidia2",

@@ -557,6 +557,9 @@ def _check_uids(file: ClusterFile, issues: list[Issue]) -> None:
     if not runtime.containers:
         return
     owners: dict[int, str] = {}
+    if all(tenant.name != DEFAULT_TENANT for tenant in file.tenants):
+        # Jobs of queues without a tenant run as tenant "default", under its uid.
+        owners[derived_uid(DEFAULT_TENANT, runtime)] = f"{DEFAULT_TENANT} (queues without one)"
     for i, tenant in enumerate(file.tenants):
         uid = tenant.uid if tenant.uid is not None else derived_uid(tenant.name, runtime)
         if uid in owners:

@@ -86,7 +86,12 @@ def gpu_device_args(
 ) -> list[str]:
     """The ``--device`` options for the node-local GPU indexes ``devices``: CDI names,
     or the device nodes (``nvidiaN`` and the control nodes present) under
-    ``runtime.device_dir``, each at its usual ``/dev`` path inside."""
+    ``runtime.device_dir``, each at its usual ``/dev`` path inside.
+
+    On a host without any GPU device node the GPUs are virtual (declared in
+    ``cluster.yaml``, none found by NVML): there is nothing to pass in. On a host with
+    some, a missing one raises ``ValueError``: running the replica without its GPU
+    would hide a misconfigured ``device_dir``."""
     if not devices:
         return []
     use_cdi = runtime.gpu_devices == "cdi" or (
@@ -95,9 +100,27 @@ def gpu_device_args(
     if use_cdi:
         return [arg for d in devices for arg in ("--device", f"nvidia.com/gpu={d}")]
     root = Path(runtime.device_dir)
+    if not gpu_device_nodes(root):
+        return []
     nodes = [f"nvidia{d}" for d in devices]
+    absent = [n for n in nodes if not (root / n).exists()]
+    if absent:
+        raise ValueError(
+            f"no device node {root / absent[0]} for the replica's GPU; check "
+            "executor.runtime.device_dir"
+        )
     nodes += [n for n in GPU_CONTROL_NODES if (root / n).exists()]
     return [arg for n in nodes for arg in ("--device", f"{root / n}:/dev/{n}")]
+
+
+def gpu_device_nodes(root: Path) -> list[str]:
+    """The GPU device nodes (``nvidia0``, ``nvidia1``, …) under ``root``."""
+    try:
+        return sorted(
+            entry.name for entry in root.iterdir() if re.fullmatch(r"nvidia[0-9]+", entry.name)
+        )
+    except OSError:
+        return []
 
 
 def container_env(request: LaunchRequest) -> dict[str, str]:
@@ -288,6 +311,7 @@ def probe(runtime: RuntimeSpec, *, run: bool = True) -> Probe:
                 problems.append(f"podman info failed: {tail[0]}")
     version, controllers = _cgroup_controllers()
     root = os.geteuid() == 0
+    devices_at = Path(runtime.device_dir)
     enforced = {
         "image": "enforced: the job's image is its root file system (Podman)",
         "mounts": (
@@ -312,7 +336,11 @@ def probe(runtime: RuntimeSpec, *, run: bool = True) -> Probe:
             else "NOT enforced: the server is not root, so containers cannot run under "
             "tenants' uids"
         ),
-        "devices": "enforced: only the replica's GPUs (--device or CDI), renumbered from 0",
+        "devices": (
+            "enforced: only the replica's GPUs (--device or CDI), renumbered from 0"
+            if runtime.gpu_devices == "cdi" or cdi_available() or gpu_device_nodes(devices_at)
+            else f"none to enforce: no GPU device node under {devices_at} (virtual GPUs)"
+        ),
     }
     return Probe(problems=problems, enforced=enforced)
 

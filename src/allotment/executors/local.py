@@ -234,7 +234,7 @@ class LocalExecutor(Executor):
                 env_file=str(env_path),
                 device_args=gpu_device_args(self.runtime, request.devices),
             )
-        except ValueError as exc:
+        except ValueError as exc:  # a line break in a value; a device node missing
             raise OSError(str(exc)) from exc
         fd = os.open(env_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
