@@ -397,11 +397,15 @@ class ControlLoop:
                 elif job.id not in self._stop_sent:
                     to_stop.extend(k for k, s in ended.items() if not s.ended)
                     stopping.append(job.id)
+                else:
+                    # Lost replicas whose processes still run are stopped again until
+                    # they are gone: their devices are not free before.
+                    to_stop.extend(k for k, s in ended.items() if s.lingering)
         for job_id in stopping:
             self._stop_sent.add(job_id)
             session.stopping(job_id)
         self._settle(session, gone, requeued)
-        self._stop_keys(to_stop)
+        self._stop_keys(list(dict.fromkeys(to_stop)))
         return moves
 
     def _finish(
@@ -445,7 +449,7 @@ class ControlLoop:
             )
         failures: list[tuple[float, ReplicaKey, ReplicaStatus, FailureClass]] = []
         for key, status in seen.items():
-            if status.ended:
+            if status.over:
                 klass = classify(status)
                 if klass is not None:
                     failures.append((status.ended_at or now, key, status, klass))

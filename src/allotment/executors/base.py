@@ -127,11 +127,20 @@ class ReplicaStatus:
     """It ended after :meth:`Executor.stop`."""
     image_error: bool = False
     """Its image could not be found, pulled or started (failure class ``image``)."""
+    lingering: bool = False
+    """``lost``, yet processes of it still run (its supervisor died, its program did
+    not): it must be stopped, and its devices stay taken until it is gone."""
     detail: str = ""
 
     @property
-    def ended(self) -> bool:
+    def over(self) -> bool:
+        """Its run is over as far as its outcome goes (ended, or lost)."""
         return self.phase in ENDED
+
+    @property
+    def ended(self) -> bool:
+        """Over, and nothing of it runs any more: its resources may be given again."""
+        return self.phase in ENDED and not self.lingering
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

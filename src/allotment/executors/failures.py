@@ -22,7 +22,7 @@ def classify(
     (we stopped it to preempt) → timeout → image → lost (``node_failure``) → oom → exit code or
     signal (``user_code``). Raises ``ValueError`` for a replica that has not ended.
     """
-    if not status.ended:
+    if not status.over:
         raise ValueError(f"replica has not ended (phase {status.phase})")
     if preempted:
         return FailureClass.PREEMPTED

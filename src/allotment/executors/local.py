@@ -3,6 +3,7 @@
 Layout under the state root, one directory per replica::
 
     STATE_ROOT/<job_id>/<attempt>/<replica>-<index>/
+        supervisor.lock  held by the launch, then by the supervisor while it lives
         spec.json     what to run (written once, before the supervisor starts)
         container.env a container's environment (mode 0600; containers only)
         launch.json   the supervisor's pid, written by the executor
@@ -20,14 +21,14 @@ With ``runtime.kind: podman`` each replica's command is ``podman run`` of its im
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -53,7 +54,7 @@ from allotment.executors.containers import (
     probe,
 )
 from allotment.executors.gpus import discover_gpus
-from allotment.executors.procfs import members, process_table
+from allotment.executors.procfs import ProcessInfo, members, process_table, survivors
 from allotment.executors.supervisor import (
     SPEC_FILE,
     STATE_FILE,
@@ -63,6 +64,7 @@ from allotment.executors.supervisor import (
 )
 
 LAUNCH_FILE = "launch.json"
+LOCK_FILE = "supervisor.lock"
 ENV_FILE = "container.env"
 LOOPBACK = "127.0.0.1"
 LAUNCH_WINDOW_S = 30.0
@@ -100,6 +102,23 @@ def _signal_zero(pid: int) -> str | None:
     except PermissionError:
         return "?"
     return "?"
+
+
+def _left(state: Mapping[str, Any], table: Mapping[int, ProcessInfo]) -> set[int]:
+    """The processes of a replica still running, by what its supervisor recorded: its
+    process group (identified by the leader's start time) and its container's first
+    process (by its own)."""
+    left: set[int] = set()
+    pgid = state.get("pgid")
+    if isinstance(pgid, int):
+        leader = state.get("leader_started")
+        left |= survivors(table, pgid, leader if isinstance(leader, int) else None)
+    first = state.get("container_pid")
+    if isinstance(first, int):
+        info = table.get(first)
+        if info is not None and info.started == state.get("container_started"):
+            left.add(first)
+    return left
 
 
 def _block_term() -> None:
@@ -151,25 +170,40 @@ class LocalExecutor(Executor):
     def launch(self, request: LaunchRequest) -> str:
         """Start the replica's supervisor unless ``request.key`` was launched before
         (by this instance or any other on the same root); return ``str(key)``.
-        Raises ``OSError`` when the supervisor cannot be started."""
+        Raises ``OSError`` when the supervisor cannot be started.
+
+        Idempotent against every partial state a crash can leave: the replica's lock
+        (``supervisor.lock``) is taken before anything starts and handed to the
+        supervisor, which holds it while it lives, and the supervisor's first act is to
+        write ``state.json``. So a launch finding the lock held leaves a live launch or
+        supervisor alone; one finding ``state.json`` leaves a replica that already ran
+        to :meth:`observe`; anything else (a directory, a temporary or whole spec, no
+        supervisor) never started, and is launched now."""
         key = request.key
         directory = self.replica_dir(key)
-        directory.parent.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True)
+        lock = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            directory.mkdir()
-        except FileExistsError:
-            return str(key)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return str(key)
+            if (directory / STATE_FILE).exists():
+                return str(key)
+            self._start(request, directory, lock)
+        finally:
+            os.close(lock)
+        return str(key)
+
+    def _start(self, request: LaunchRequest, directory: Path, lock: int) -> None:
+        """Write the replica's spec and start its supervisor, which inherits ``lock``."""
+        key = request.key
         env = {**self.base_env, **request.env}
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in request.devices)
         command = list(request.command)
         container: dict[str, Any] | None = None
         if request.container is not None:
-            try:
-                command, env, container = self._container(request, directory)
-            except OSError:
-                # Leave nothing half made: the directory marks a launched replica.
-                shutil.rmtree(directory, ignore_errors=True)
-                raise
+            command, env, container = self._container(request, directory)
         spec: dict[str, Any] = {
             "job_id": key.job_id,
             "attempt": key.attempt,
@@ -203,12 +237,12 @@ class LocalExecutor(Executor):
                 stderr=log,
                 start_new_session=True,
                 preexec_fn=_block_term,
+                pass_fds=(lock,),
             )
         self._children[key] = process
         write_json_atomic(
             directory / LAUNCH_FILE, {"supervisor_pid": process.pid, "launched_at": time.time()}
         )
-        return str(key)
 
     def _container(
         self, request: LaunchRequest, directory: Path
@@ -267,7 +301,12 @@ class LocalExecutor(Executor):
                 os.kill(supervisor, signal.SIGTERM)
             return
         pgid = state.get("pgid")
-        if isinstance(pgid, int):
+        leader = state.get("leader_started")
+        if isinstance(pgid, int) and survivors(
+            process_table(), pgid, leader if isinstance(leader, int) else None
+        ):
+            # Only a group proven to be the replica's (its leader's start time): its
+            # number may have been given to another group since it ended.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
         spec = read_json(directory / SPEC_FILE) or {}
@@ -293,6 +332,14 @@ class LocalExecutor(Executor):
     def observe(self) -> dict[ReplicaKey, ReplicaStatus]:
         """Read every replica's files under the state root. Does not block."""
         seen: dict[ReplicaKey, ReplicaStatus] = {}
+        table: dict[int, ProcessInfo] | None = None
+
+        def processes() -> dict[int, ProcessInfo]:
+            nonlocal table
+            if table is None:
+                table = process_table()
+            return table
+
         for spec_path in sorted(self.state_root.glob(f"*/*/*/{SPEC_FILE}")):
             spec = read_json(spec_path)
             if spec is None:
@@ -300,7 +347,7 @@ class LocalExecutor(Executor):
             key = ReplicaKey(
                 str(spec["job_id"]), int(spec["attempt"]), str(spec["replica"]), int(spec["index"])
             )
-            seen[key] = self._status(key, spec_path.parent)
+            seen[key] = self._status(key, spec_path.parent, processes)
         return seen
 
     def usage(self) -> dict[ReplicaKey, ReplicaUsage]:
@@ -396,7 +443,9 @@ class LocalExecutor(Executor):
         state = _process_state(pid)
         return state is not None and state not in ("Z", "X")
 
-    def _status(self, key: ReplicaKey, directory: Path) -> ReplicaStatus:
+    def _status(
+        self, key: ReplicaKey, directory: Path, processes: Callable[[], dict[int, ProcessInfo]]
+    ) -> ReplicaStatus:
         state = read_json(directory / STATE_FILE) or {}
         common: dict[str, Any] = {
             "pid": state.get("pid"),
@@ -423,5 +472,10 @@ class LocalExecutor(Executor):
         if supervisor is None and _age(directory / SPEC_FILE) < LAUNCH_WINDOW_S:
             # Launched a moment ago by another instance: launch.json is not written yet.
             return ReplicaStatus(phase=ReplicaPhase.STARTING, **common)
-        common["detail"] = "supervisor gone without recording an end"
-        return ReplicaStatus(phase=ReplicaPhase.LOST, **common)
+        left = _left(state, processes())
+        common["detail"] = (
+            f"supervisor gone without recording an end; {len(left)} of its processes still run"
+            if left
+            else "supervisor gone without recording an end"
+        )
+        return ReplicaStatus(phase=ReplicaPhase.LOST, lingering=bool(left), **common)

@@ -15,7 +15,9 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProcessInfo:
-    """One process: ``cpu_s`` is user plus system time in seconds; ``rss`` in bytes."""
+    """One process: ``cpu_s`` is user plus system time in seconds; ``rss`` in bytes;
+    ``started`` is when it started, in clock ticks since boot (with the pid, what tells
+    a process from a later one that reuses its pid)."""
 
     pid: int
     ppid: int
@@ -23,6 +25,7 @@ class ProcessInfo:
     sid: int
     cpu_s: float
     rss: int
+    started: int = 0
 
 
 def read_process(pid: int, proc: Path = PROC) -> ProcessInfo | None:
@@ -41,6 +44,7 @@ def read_process(pid: int, proc: Path = PROC) -> ProcessInfo | None:
             sid=int(fields[3]),
             cpu_s=(int(fields[11]) + int(fields[12])) / _TICKS,
             rss=int(fields[21]) * _PAGE,
+            started=int(fields[19]),
         )
     except (IndexError, ValueError):
         return None
@@ -91,3 +95,20 @@ def environment(pid: int, proc: Path = PROC) -> dict[str, str] | None:
         if sep:
             env[name.decode(errors="replace")] = value.decode(errors="replace")
     return env
+
+
+def started(pid: int, proc: Path = PROC) -> int | None:
+    """When ``pid`` started (clock ticks since boot), or ``None`` when it is gone."""
+    info = read_process(pid, proc)
+    return info.started if info is not None else None
+
+
+def survivors(table: Mapping[int, ProcessInfo], pgid: int, leader_started: int | None) -> set[int]:
+    """The processes left of the process group ``pgid`` whose leader started at
+    ``leader_started``. A live process with the leader's pid but another start time
+    means the group is gone and its number reused: nothing is left of it then. (While
+    any member lives, Linux never gives the group's number to a new process.)"""
+    leader = table.get(pgid)
+    if leader is not None and leader_started is not None and leader.started != leader_started:
+        return set()
+    return {p.pid for p in table.values() if p.pgid == pgid}

@@ -4,8 +4,11 @@ It reads ``spec.json`` from the replica directory, starts the command in a proce
 of its own and records what happens in ``state.json`` (replaced atomically, so a reader
 never sees half a file):
 
-- at start: ``supervisor_pid``, ``pid``, ``pgid``, ``started_at``, ``memory_enforcement``
-  (and ``container_pid``, a container's first process, once it runs);
+- first of all: ``supervisor_pid`` (so a repeated launch knows a supervisor ran);
+- at start: ``pid``, ``pgid``, ``leader_started`` (the group leader's start, in ticks
+  since boot: with the pgid, what identifies the group), ``started_at``,
+  ``memory_enforcement`` (and ``container_pid`` with ``container_started``, a
+  container's first process, once it runs);
 - at the end: ``ended_at`` and either ``exit_code`` or ``signal``, plus ``oom``,
   ``oom_evidence``, ``timed_out``, ``stop_requested`` and ``max_rss_bytes``.
 
@@ -48,6 +51,8 @@ import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+from allotment.executors.procfs import started
 
 SPEC_FILE = "spec.json"
 STATE_FILE = "state.json"
@@ -210,6 +215,9 @@ class _Supervisor:
         return float(value) if isinstance(value, int | float) else 10.0
 
     def run(self) -> int:
+        # Said first: a launch repeated after a crash must find that this replica's
+        # supervisor ran, even if it died before starting anything.
+        self.save()
         spec = read_json(self.dir / SPEC_FILE)
         if spec is None:
             self.save(ended_at=time.time(), exit_code=None, detail="spec.json unreadable")
@@ -272,6 +280,7 @@ class _Supervisor:
         self.save(
             pid=child.pid,
             pgid=child.pid,
+            leader_started=started(child.pid),
             started_at=time.time(),
             memory_enforcement=enforcement,
         )
@@ -292,7 +301,7 @@ class _Supervisor:
                 if found:
                     # The container's processes descend from Podman's monitor, not from
                     # the client we started: usage readers need its first process.
-                    self.save(container_pid=found)
+                    self.save(container_pid=found, container_started=started(found))
             if kill_at is None and self.term_requested:
                 stop_requested = True
                 _killpg(child.pid, signal.SIGTERM)
