@@ -54,6 +54,7 @@ from allotment.executors.slurm import SlurmExecutor
 from allotment.store import migrate
 from allotment.store.configs import apply_cluster_config, current_cluster_config
 from allotment.store.db import make_engine, session_factory
+from allotment.store.fencing import fence, take_term
 
 log = logging.getLogger("allotment.server")
 
@@ -239,9 +240,15 @@ class Server:
         if stored is not None:
             self.cluster = load_cluster_text(stored.text, source="the stored cluster configuration")
         assert self.cluster is not None and self.executor is not None
+        assert self.engine is not None
+        # This term's own sessions: each of their transactions proves the term first, so
+        # nothing of this leader is written once another server has taken over.
+        term = take_term(self.sessions, holder=_holder(), at=self.clock())
+        fenced = fence(session_factory(self.engine), term)
+        log.info("leading under term %d", term)
         self.loop = ControlLoop(
             self.cluster,
-            self.sessions,
+            fenced,
             self.executor,
             work_root=self.work_root,
             clock=self.clock,
@@ -250,7 +257,7 @@ class Server:
         )
         loop = self.loop
         alerts = MaxWaitCheck(
-            self.sessions,
+            fenced,
             lambda: loop.cluster,
             clock=self.clock,
             on_fired=self.webhooks.wake if self.webhooks is not None else None,
@@ -384,6 +391,11 @@ class Server:
             self.webhooks.stop(timeout=2.0)  # a try cut short is made again (its lease expires)
         if self.engine is not None:
             self.engine.dispose()
+
+
+def _holder() -> str:
+    """Who leads, for the record: host and process."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def _executor_line(cluster: Cluster) -> str:

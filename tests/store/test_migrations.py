@@ -15,6 +15,7 @@ TABLES = {
     "job_usage",
     "device_usage",
     "alerts",
+    "leader_term",
 }
 
 

@@ -84,9 +84,11 @@ class LeaderElection:
             if self._stopping.is_set():
                 return
             if self._leadership is not None:
-                if self._leadership.check():
+                fenced = self.runner is not None and self.runner.fenced
+                if self._leadership.check() and not fenced:
                     return
-                log.warning("lost the leader lock (%s): stopping the scheduler", self._leadership)
+                why = "another server took over" if fenced else "lost the leader lock"
+                log.warning("%s (%s): stopping the scheduler", why, self._leadership)
                 self._step_down()
                 return
             leadership = acquire_leadership(self.engine)

@@ -25,6 +25,7 @@ from typing import Protocol
 from prometheus_client import Histogram
 
 from allotment.control.loop import ControlLoop
+from allotment.store.fencing import Fenced
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,8 @@ class LoopRunner:
         """Turns completed (read by tests and the health check)."""
         self.failures = 0
         """Turns that raised."""
+        self.fenced = False
+        """A turn found this server's leadership term over; the thread has ended."""
         self.last_error: str | None = None
 
     # ------------------------------------------------------------------ control
@@ -151,6 +154,12 @@ class LoopRunner:
                 if wakeup is not None:
                     wait = max(0.0, min(wait, wakeup - self.loop.clock()))
                 self.last_error = None
+            except Fenced as exc:
+                # Another server leads: not one more decision from this one.
+                log.error("%s", exc)
+                self.fenced = True
+                self.last_error = str(exc)
+                return
             except Exception as exc:  # one bad turn must not stop the scheduler
                 self.failures += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"

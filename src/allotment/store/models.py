@@ -271,3 +271,16 @@ class Alert(Base):
         Index("ix_alerts_delivery", "delivery", "next_try_at"),
         Index("ix_alerts_tenant_at", "tenant", "at"),
     )
+
+
+class LeaderTerm(Base):
+    """The current leadership term (one row, ``id`` 1): each new leader raises ``term``,
+    and every decision transaction of a leader proves it still holds its term
+    (:mod:`allotment.store.fencing`)."""
+
+    __tablename__ = "leader_term"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    term: Mapped[int] = mapped_column(BigInteger)
+    holder: Mapped[str] = mapped_column(String(256), default="")
+    since: Mapped[float] = mapped_column(Float)
