@@ -18,6 +18,7 @@ them at its first turn.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import logging
 import os
@@ -187,13 +188,17 @@ class Server:
         ``InvalidInput`` (a bad cluster file) with what to change."""
         options = self.options
         _check_port(options.host, options.port)
-        options.data_dir.mkdir(parents=True, exist_ok=True)
+        # The store, the replicas' specs (their environment, secrets included) and the
+        # work areas are the server user's alone.
+        options.data_dir.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
+        options.data_dir.chmod(PRIVATE_DIR)
         self.engine = make_engine(options.database_url)
         try:
             migrate.upgrade(self.engine)
         except Exception as exc:
             url = make_url(options.database_url).render_as_string(hide_password=True)
             raise StartupError(f"cannot open the store at {url}: {exc}") from exc
+        _private_sqlite_files(options.database_url)
         self.sessions = session_factory(self.engine)
         self.cluster = self._cluster(self.sessions)
         self.executor = self._executor(self.cluster)
@@ -391,6 +396,21 @@ class Server:
             self.webhooks.stop(timeout=2.0)  # a try cut short is made again (its lease expires)
         if self.engine is not None:
             self.engine.dispose()
+
+
+PRIVATE_DIR = 0o700
+PRIVATE_FILE = 0o600
+
+
+def _private_sqlite_files(url: str) -> None:
+    """A SQLite store's files (the database and its journals), mode 0600."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database:
+        return
+    database = Path(parsed.database)
+    for path in (database, Path(f"{database}-wal"), Path(f"{database}-shm")):
+        with contextlib.suppress(FileNotFoundError):
+            path.chmod(PRIVATE_FILE)
 
 
 def _holder() -> str:

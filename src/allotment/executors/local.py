@@ -149,7 +149,8 @@ class LocalExecutor(Executor):
         self.runtime = runtime or RuntimeSpec()
         self._probe: Probe | None = None
         self.state_root = Path(state_root)
-        self.state_root.mkdir(parents=True, exist_ok=True)
+        self.state_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.state_root.chmod(0o700)  # the replicas' specs hold their environment
         self.node = node
         if base_env is None:
             base_env = {k: os.environ[k] for k in BASE_ENV_NAMES if k in os.environ}

@@ -63,9 +63,11 @@ _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` to ``path`` through a temporary file and ``os.replace``."""
+    """Write ``data`` to ``path`` (mode 0600: a spec holds the job's environment)
+    through a temporary file and ``os.replace``."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
         json.dump(data, fh, sort_keys=True)
         fh.flush()
         os.fsync(fh.fileno())
