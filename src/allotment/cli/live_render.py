@@ -26,10 +26,14 @@ STATE_STYLE = {
 
 
 def when(at: float | None) -> str:
-    """Seconds since the epoch as UTC ``2026-12-01 10:20:00``."""
+    """Seconds since the epoch as UTC ``2026-12-01 10:20:00`` (the number itself when out
+    of the calendar's range)."""
     if at is None:
         return "-"
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    except (OverflowError, ValueError, OSError):
+        return f"{at:g} s since the epoch"
 
 
 def ago(at: float | None, now: float | None = None) -> str:

@@ -1,0 +1,59 @@
+"""Inputs that once made the API answer 5xx (or the CLI crash): each is a clear 4xx
+``{code, message, fields}`` that says what to change, and nothing is stored."""
+
+from __future__ import annotations
+
+import pytest
+
+from allotment.api.explain import iso_utc
+from allotment.client import AllotmentClient, ClientError
+from allotment.domain.durations import format_duration
+
+JOB = """\
+name: {name}
+queue: default
+replicas:
+  - {{name: worker, count: 1, resources: {{gpu: 2}}}}
+command: [python, train.py]
+"""
+
+
+def job(name: str = "train", extra: str = "") -> str:
+    return JOB.format(name=name) + extra
+
+
+def refused(client: AllotmentClient, text: str) -> ClientError:
+    with pytest.raises(ClientError) as caught:
+        client.submit(text)
+    assert 400 <= caught.value.status < 500, caught.value
+    assert client.list_jobs()["jobs"] == []  # no partial state
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        "max_runtime: 3000000d\n",
+        "expected_runtime: 3651d\n",
+        "max_runtime: 999999999999999999999\n",
+        "retry: {max_attempts: 2, backoff: 100000d}\n",
+    ],
+)
+def test_fault_a_duration_over_ten_years_is_a_422(client: AllotmentClient, extra: str) -> None:
+    err = refused(client, job(extra=extra))
+    assert err.status == 422 and err.code == "invalid_config"
+    assert "at most 3650d" in err.message and "line 6" in err.message
+
+
+def test_fault_why_behind_a_job_of_ten_years_answers(client: AllotmentClient) -> None:
+    first = client.submit(job("long", "max_runtime: 3650d\n"))
+    second = client.submit(job("next"))
+    assert client.why(first["id"])["state"] == "pending"
+    why = client.why(second["id"])
+    assert why["job"] == second["id"]
+
+
+@pytest.mark.parametrize("seconds", [1e300, float("inf"), float("-inf"), float("nan"), -1e300])
+def test_fault_estimates_of_any_float_format_without_overflow(seconds: float) -> None:
+    assert iso_utc(seconds) is None
+    assert isinstance(format_duration(seconds), str)
