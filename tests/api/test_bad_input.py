@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from allotment.api.explain import iso_utc
@@ -57,3 +59,42 @@ def test_fault_why_behind_a_job_of_ten_years_answers(client: AllotmentClient) ->
 def test_fault_estimates_of_any_float_format_without_overflow(seconds: float) -> None:
     assert iso_utc(seconds) is None
     assert isinstance(format_duration(seconds), str)
+
+
+SPEC = {
+    "name": "rocket \U0001f680",
+    "queue": "default",
+    "replicas": [{"name": "worker", "count": 1, "resources": {"gpu": 1}}],
+    "command": ["echo", "launch \U0001f680"],
+}
+
+
+def test_fault_a_json_spec_with_escaped_emoji_is_read_as_json(client: AllotmentClient) -> None:
+    text = json.dumps(SPEC)  # ensure_ascii: the emoji as "\ud83d\ude80"
+    assert "\\ud83d\\ude80" in text
+    submitted = client.submit(text)
+    assert submitted["name"] == "rocket \U0001f680"
+    assert client.get_job(submitted["id"])["name"] == "rocket \U0001f680"
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (json.dumps({**SPEC, "name": "half \ud83d"}), "surrogate"),
+        (json.dumps({**SPEC, "name": "nul \x00"}), "NUL"),
+        (json.dumps({**SPEC, "max_runtmie": "1h"}, indent=2), "max_runtmie"),
+    ],
+)
+def test_fault_a_bad_json_spec_is_a_422_naming_the_field(
+    client: AllotmentClient, text: str, said: str
+) -> None:
+    err = refused(client, text)
+    assert err.status == 422 and err.code == "invalid_config"
+    assert said in err.message
+
+
+def test_fault_yaml_errors_keep_their_line_numbers(client: AllotmentClient) -> None:
+    err = refused(client, job(extra="max_runtmie: 2h\n"))
+    assert "line 6" in err.message
+    err = refused(client, json.dumps(SPEC | {"max_runtmie": "1h"}).replace("\\ud83d\\ude80", ""))
+    assert "max_runtmie" in err.message and "line 1" in err.message
