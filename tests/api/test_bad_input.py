@@ -98,3 +98,15 @@ def test_fault_yaml_errors_keep_their_line_numbers(client: AllotmentClient) -> N
     assert "line 6" in err.message
     err = refused(client, json.dumps(SPEC | {"max_runtmie": "1h"}).replace("\\ud83d\\ude80", ""))
     assert "max_runtmie" in err.message and "line 1" in err.message
+
+
+@pytest.mark.parametrize(
+    "name", ['"evil\\e[2J\\e[31mred"', '"two\\nlines"', '"bell\\a"', '"nul\\0"', '"rtl\\u202e"']
+)
+def test_fault_a_job_name_with_control_characters_is_a_422(
+    client: AllotmentClient, name: str
+) -> None:
+    err = refused(client, job(name=name))
+    assert err.status == 422 and err.code == "invalid_config"
+    assert "line 1: name:" in err.message
+    assert "control characters" in err.message or "NUL" in err.message

@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 from allotment.domain.cluster import Duration, Model, Name, ResourcesField, RetryPolicy, Text
 from allotment.domain.executor import ImageReference, parse_bytes
 from allotment.domain.resources import Resources
+from allotment.domain.text import PlainText
 
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
 """An environment variable's name, as shells accept it (letters, digits, ``_``)."""
@@ -94,7 +95,7 @@ class JobSpec(Model):
     """What a user submits. The scheduler never sees a true duration, only
     ``max_runtime`` (a limit) and ``expected_runtime`` (a hint)."""
 
-    name: Annotated[str, Field(min_length=1, max_length=128)]
+    name: Annotated[PlainText, Field(min_length=1, max_length=128)]
     queue: str
     type: JobType = JobType.TRAINING
     priority_class: str | None = None

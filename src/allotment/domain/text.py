@@ -28,32 +28,39 @@ def control_characters(text: str) -> list[str]:
     return seen
 
 
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
 def _escape(char: str) -> str:
+    if char in _NAMED:
+        return _NAMED[char]
     code = ord(char)
     return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
 
 
-def plain_problem(text: str, what: str) -> str | None:
-    """Why ``text`` is not plain (names ``what`` and the characters), or None."""
+def plain_problem(text: str) -> str | None:
+    """Why ``text`` is not plain (the characters found), or None."""
     found = control_characters(text)
     if not found:
         return None
     return (
-        f"{what} must not contain control characters or line breaks (found "
-        f"{', '.join(found)}); use printable text"
+        f"must not contain control characters or line breaks (found {', '.join(found)}); "
+        "use printable text"
     )
 
 
 def check_plain(text: str, *, name: str) -> str:
     """``text`` when plain; else :class:`InvalidInput` naming ``name``."""
-    problem = plain_problem(text, name)
+    problem = plain_problem(text)
     if problem is not None:
-        raise InvalidInput(problem, fields={"name": name, "characters": control_characters(text)})
+        raise InvalidInput(
+            f"{name} {problem}", fields={"name": name, "characters": control_characters(text)}
+        )
     return text
 
 
 def _plain(text: str) -> str:
-    problem = plain_problem(text, "text")
+    problem = plain_problem(text)
     if problem is not None:
         raise ValueError(problem)
     return text
