@@ -110,3 +110,38 @@ def test_fault_a_job_name_with_control_characters_is_a_422(
     assert err.status == 422 and err.code == "invalid_config"
     assert "line 1: name:" in err.message
     assert "control characters" in err.message or "NUL" in err.message
+
+
+def replicas(group: str) -> str:
+    return f"name: t\nqueue: default\nreplicas:\n  - {group}\ncommand: [python, train.py]\n"
+
+
+@pytest.mark.parametrize(
+    ("group", "said"),
+    [
+        ("{name: w, count: 1, resources: {gpu: 1.5}}", "gpu 1.5 is not possible"),
+        ("{name: w, count: 1, resources: {gpu: 2.25}}", "whole GPUs"),
+        ("{name: w, count: true, resources: {gpu: 1}}", "not the boolean true"),
+        ("{name: w, count: false, resources: {gpu: 1}}", "not the boolean false"),
+    ],
+)
+def test_fault_fractional_gpus_above_one_and_boolean_counts_are_a_422(
+    client: AllotmentClient, group: str, said: str
+) -> None:
+    err = refused(client, replicas(group))
+    assert err.status == 422 and err.code == "invalid_config"
+    assert said in err.message and "line 4" in err.message
+
+
+@pytest.mark.parametrize("gpu", ["0.5", "0.25", "1", "2"])
+def test_fault_a_share_of_one_gpu_or_whole_gpus_are_accepted(
+    client: AllotmentClient, gpu: str
+) -> None:
+    submitted = client.submit(replicas(f"{{name: w, count: 2, resources: {{gpu: {gpu}}}}}"))
+    assert submitted["state"] == "pending"
+
+
+def test_fault_a_boolean_service_port_is_a_422(client: AllotmentClient) -> None:
+    service = "type: service\nservice: {port: true}\n"
+    err = refused(client, replicas("{name: w, resources: {gpu: 1}}") + service)
+    assert "port" in err.message and "boolean" in err.message
