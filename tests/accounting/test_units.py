@@ -86,3 +86,13 @@ def test_parse_window() -> None:
 def test_bad_windows_say_what_to_change(since: str, until: str | None, named: str) -> None:
     with pytest.raises(InvalidInput, match=named):
         parse_window(since, until, now=T0)
+
+
+def test_fault_a_timeline_of_a_window_too_small_for_its_floats_does_not_divide_by_zero() -> None:
+    from allotment.accounting.figures import timeline
+
+    since = 1_800_000_000.0
+    window = Window(since=since, until=since + 1e-6)  # 96 spans narrower than a float step
+    buckets = timeline([], window, 96)
+    assert len(buckets) == 96
+    assert all(b.allocated == b.measured == b.used == 0.0 for b in buckets)

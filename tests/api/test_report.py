@@ -145,3 +145,35 @@ def test_bad_parameters_are_422_naming_them(people: People, query: str, named: s
     body = response.json()
     assert body["code"] in ("invalid_input", "invalid_request")
     assert named in body["message"]
+
+
+@pytest.mark.parametrize(
+    ("query", "named"),
+    [
+        ("since=0.000001", "at least 1 second"),
+        ("since=2027-01-15T08:00:00Z&until=2027-01-15T08:00:00.000001Z", "at least 1 second"),
+        ("since=1d&until=100000000000000000000", "9999-12-31"),
+        (f"since=1d&until={'9' * 60}", "9999-12-31"),
+        ("since=1d&until=253402300800", "9999-12-31"),
+    ],
+)
+def test_fault_report_window_out_of_bounds_is_a_422_saying_the_limits(
+    people: People, query: str, named: str
+) -> None:
+    response = httpx.get(
+        f"{people.url}/api/v1/report?{query}",
+        headers={"Authorization": f"Bearer {people.tokens['root']}"},
+        timeout=10,
+    )
+    assert response.status_code == 422, response.text
+    body = response.json()
+    assert body["code"] == "invalid_input"
+    assert named in body["message"]
+
+
+def test_fault_report_window_of_a_second_far_from_the_epoch_has_a_timeline(
+    people: People,
+) -> None:
+    report = people["root"].report(since="1", until="253402300799", by="pool")
+    assert len(report["timeline"]) == 96
+    assert all(p["allocated_gpus"] == 0 for p in report["timeline"])

@@ -137,3 +137,9 @@ def test_bad_since_is_a_clear_error(server: str) -> None:
     assert "since" in err and "duration" in err
     code, _, err = allot("report", "--by", "colour")
     assert code == 2 and "colour" in err
+
+
+def test_fault_a_window_of_a_microsecond_is_a_clear_error(server: str) -> None:
+    code, out, err = allot("report", "--since", "0.000001")
+    assert code == 1 and out == ""
+    assert "at least 1 second" in err and "internal" not in err

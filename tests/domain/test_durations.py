@@ -74,6 +74,9 @@ def test_parse_duration_accepts(value: object, seconds: float) -> None:
         float("inf"),
         [1],
         "1.5.2h",
+        "3651d",  # more than 10 years
+        "3000000d",
+        10 * 366 * 86400,
     ],
 )
 def test_parse_duration_rejects(value: object) -> None:

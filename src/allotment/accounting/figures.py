@@ -279,6 +279,7 @@ def timeline(records: Sequence[AttemptRecord], window: Window, buckets: int) -> 
     records held, held under measurement, and used in it (for charts; floats)."""
     length = (window.until - window.since) / buckets
     edges = [window.since + i * length for i in range(buckets)] + [window.until]
+    spans = [edges[i + 1] - edges[i] for i in range(buckets)]
     alloc = [0.0] * buckets
     measured = [0.0] * buckets
     used = [0.0] * buckets
@@ -286,7 +287,8 @@ def timeline(records: Sequence[AttemptRecord], window: Window, buckets: int) -> 
         gpus = record.gpus
         if gpus <= 0:
             continue
-        first = max(0, min(buckets - 1, int((record.held_from - window.since) // length)))
+        offset = (record.held_from - window.since) // length if length > 0 else 0.0
+        first = max(0, min(buckets - 1, int(offset) if math.isfinite(offset) else 0))
         for i in range(first, buckets):
             if edges[i] >= record.held_until:
                 break
@@ -301,9 +303,11 @@ def timeline(records: Sequence[AttemptRecord], window: Window, buckets: int) -> 
         Bucket(
             start=edges[i],
             end=edges[i + 1],
-            allocated=alloc[i] / (edges[i + 1] - edges[i]),
-            measured=measured[i] / (edges[i + 1] - edges[i]),
-            used=used[i] / (edges[i + 1] - edges[i]),
+            # A span too small for the floats around it (a tiny window far from 0) has
+            # width 0: it holds nothing, so it averages 0 rather than dividing by zero.
+            allocated=alloc[i] / spans[i] if spans[i] > 0 else 0.0,
+            measured=measured[i] / spans[i] if spans[i] > 0 else 0.0,
+            used=used[i] / spans[i] if spans[i] > 0 else 0.0,
         )
         for i in range(buckets)
     ]

@@ -35,6 +35,13 @@ TIMELINE_BUCKETS = 96
 MAX_WINDOW_S = 366 * 86400.0
 """The longest window one report covers."""
 
+MIN_WINDOW_S = 1.0
+"""The shortest window one report covers (its timeline cuts it into ``TIMELINE_BUCKETS``)."""
+
+LATEST_TIME_S = 253402300799.0
+"""The latest time a report may name: 9999-12-31T23:59:59Z (times are seconds since the
+epoch, from 0)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Report:
@@ -121,16 +128,21 @@ def parse_time(text: str, *, name: str) -> float:
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=UTC)
         seconds = moment.timestamp()
-    if not math.isfinite(seconds):
-        raise InvalidInput(f"{name} {text!r} is not a finite time", fields={"name": name})
+    if not (math.isfinite(seconds) and 0 <= seconds <= LATEST_TIME_S):
+        raise InvalidInput(
+            f"{name} {text!r} is out of range: give a time from 1970-01-01 to "
+            "9999-12-31T23:59:59Z (0 to 253402300799 seconds since the epoch)",
+            fields={"name": name, "value": text, "min": 0, "max": LATEST_TIME_S},
+        )
     return seconds
 
 
 def parse_window(since: str, until: str | None, *, now: float) -> Window:
     """The window ``[since, until)``: ``until`` a time (:func:`parse_time`) or ``now``;
     ``since`` a duration before ``until`` (``7d``, ``12h``, ``90`` seconds) or a time.
-    Raises :class:`InvalidInput` naming the parameter when either cannot be read, when
-    ``since`` is not before ``until``, or when the window spans more than a year."""
+    Raises :class:`InvalidInput` naming the parameter when either cannot be read or lies
+    outside 1970..9999, when ``since`` is not before ``until``, or when the window spans
+    less than a second or more than 366 days."""
     end = now if until is None or not until.strip() else parse_time(until, name="until")
     text = since.strip()
     if re.fullmatch(r"\d{4}-.*", text):
@@ -152,6 +164,12 @@ def parse_window(since: str, until: str | None, *, now: float) -> Window:
     if end - start > MAX_WINDOW_S:
         raise InvalidInput(
             "a report spans at most 366 days: narrow since/until",
-            fields={"since": start, "until": end},
+            fields={"since": start, "until": end, "min_s": MIN_WINDOW_S, "max_s": MAX_WINDOW_S},
+        )
+    if end - start < MIN_WINDOW_S:
+        raise InvalidInput(
+            f"a report spans at least {MIN_WINDOW_S:g} second (and at most 366 days): "
+            f"widen since/until (since={since!r}, until={until!r})",
+            fields={"since": start, "until": end, "min_s": MIN_WINDOW_S, "max_s": MAX_WINDOW_S},
         )
     return Window(since=start, until=end)

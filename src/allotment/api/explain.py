@@ -34,10 +34,15 @@ HOLDING = frozenset({JobState.ADMITTED, JobState.STARTING, JobState.RUNNING})
 
 
 def iso_utc(at: float | None) -> str | None:
-    """Seconds since the epoch as ``2026-12-01T10:20:00Z``; None stays None."""
+    """Seconds since the epoch as ``2026-12-01T10:20:00Z``; None stays None, and so
+    does a time the calendar cannot hold (before year 1, after 9999, not finite): an
+    estimate that far off is no estimate."""
     if at is None:
         return None
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (OverflowError, ValueError, OSError):
+        return None
 
 
 def natural(milli: int) -> float | int:

@@ -17,6 +17,7 @@ from allotment.api.policy import RANK, Action, Owned, require, visible_tenant
 from allotment.domain.cluster import Cluster, Role
 from allotment.domain.durations import parse_duration
 from allotment.domain.errors import InvalidInput, NotFound
+from allotment.domain.text import check_plain
 from allotment.store import tokens as token_store
 from allotment.store.models import ApiToken
 
@@ -61,6 +62,9 @@ class TokenService:
         lists members only issues tokens to them, at most at their role. Raises
         ``NotFound`` (another tenant's or no such tenant), ``Forbidden`` or
         ``InvalidInput``."""
+        check_plain(request.user, name="user")
+        if request.tenant is not None:
+            check_plain(request.tenant, name="tenant")
         tenant = request.tenant
         require(
             principal,

@@ -12,6 +12,8 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from allotment.domain.text import escape_controls
+
 STATE_STYLE = {
     "pending": "yellow",
     "admitted": "cyan",
@@ -26,10 +28,14 @@ STATE_STYLE = {
 
 
 def when(at: float | None) -> str:
-    """Seconds since the epoch as UTC ``2026-12-01 10:20:00``."""
+    """Seconds since the epoch as UTC ``2026-12-01 10:20:00`` (the number itself when out
+    of the calendar's range)."""
     if at is None:
         return "-"
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    except (OverflowError, ValueError, OSError):
+        return f"{at:g} s since the epoch"
 
 
 def ago(at: float | None, now: float | None = None) -> str:
@@ -58,6 +64,12 @@ def _gpus(replicas: Sequence[Mapping[str, Any]]) -> str:
     return f"{total:g}"
 
 
+def plain(value: object) -> Text:
+    """Text a user may have written (a job name, a message) as a cell: control characters
+    shown as escapes (``\\x1b``), never sent to the terminal, and no Rich markup."""
+    return Text(escape_controls(str(value)))
+
+
 def fitted_table(
     headers: Sequence[str],
     rows: Iterable[Sequence[str | Text]],
@@ -79,7 +91,7 @@ def fitted_table(
             min_width=max(first, len(header)) if i == 0 else None,
         )
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(plain(cell) if isinstance(cell, str) else cell for cell in row))
     return table
 
 
@@ -125,7 +137,7 @@ def job_view(job: Mapping[str, Any]) -> Table:
     if reason and job["state"] == "pending":
         rows.append(("reason", f"{reason['code']}: {reason['message']}"))
     for key, value in rows:
-        table.add_row(key, value)
+        table.add_row(key, plain(value) if isinstance(value, str) else value)
     return table
 
 
@@ -141,12 +153,16 @@ def events_table(job_id: str, events: Iterable[Mapping[str, Any]]) -> Table:
 
 def why_view(data: Mapping[str, Any]) -> RenderableType:
     lines: list[RenderableType] = []
-    head = Text.assemble(("job ", "bold"), (data["job"], "bold"), " is ")
+    head = Text.assemble(("job ", "bold"), (escape_controls(data["job"]), "bold"), " is ")
     head.append_text(state_text(data["state"]))
     lines.append(head)
     reason = data.get("reason")
     if reason:
-        lines.append(Text.assemble(("why: ", "bold"), f"{reason['code']}: {reason['message']}"))
+        lines.append(
+            Text.assemble(
+                ("why: ", "bold"), escape_controls(f"{reason['code']}: {reason['message']}")
+            )
+        )
     position = data.get("position")
     if position:
         parts = []
@@ -181,7 +197,9 @@ def why_view(data: Mapping[str, Any]) -> RenderableType:
             if holder.get("terminating"):
                 end += " (stopping)"
             table.add_row(
-                holder["job"], holder["queue"], holder.get("pool", ""), str(holder["gpu"]), end
+                *(plain(cell) for cell in (holder["job"], holder["queue"], holder.get("pool", ""))),
+                str(holder["gpu"]),
+                end,
             )
         lines.append(table)
     return Group(*lines)

@@ -73,7 +73,10 @@ def plan(
 
 
 def _iso(at: float) -> str:
-    return datetime.fromtimestamp(at, tz=UTC).isoformat().replace("+00:00", "Z")
+    try:
+        return datetime.fromtimestamp(at, tz=UTC).isoformat().replace("+00:00", "Z")
+    except (OverflowError, ValueError, OSError):
+        return f"{at:g} s since the epoch"
 
 
 def plan_table(rows: Sequence[dict[str, Any]]) -> Table:

@@ -12,9 +12,14 @@ _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 60480
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
+MAX_DURATION_S = 3650 * 86400.0
+"""The longest duration anything may name (max_runtime, expected_runtime, backoffs, time
+to live, ...): 3650 days, about 10 years."""
+
 
 def parse_duration(value: object, *, name: str | None = None) -> float:
-    """Parse ``90`` (seconds), ``30s``, ``15m``, ``2h``, ``1d12h`` into seconds (>= 0)."""
+    """Parse ``90`` (seconds), ``30s``, ``15m``, ``2h``, ``1d12h`` into seconds, from 0 to
+    :data:`MAX_DURATION_S` (3650 days)."""
     if isinstance(value, bool):
         raise InvalidQuantity(value, "expected a duration like 30s, 15m, 2h, 1d", name=name)
     if isinstance(value, int | float):
@@ -31,11 +36,22 @@ def parse_duration(value: object, *, name: str | None = None) -> float:
         raise InvalidQuantity(value, "expected a duration like 30s, 15m, 2h, 1d", name=name)
     if seconds != seconds or seconds < 0 or seconds == float("inf"):
         raise InvalidQuantity(value, "must be a finite, non-negative duration", name=name)
+    if seconds > MAX_DURATION_S:
+        raise InvalidQuantity(
+            value, "must be at most 3650d (about 10 years); give a shorter duration", name=name
+        )
     return seconds
 
 
 def format_duration(seconds: float) -> str:
-    """``5400`` → ``1h30m``; for messages."""
+    """``5400`` → ``1h30m``; for messages. Never raises: NaN reads ``unknown``, an
+    infinity ``forever``, a negative duration is its size after a ``-``."""
+    if seconds != seconds:
+        return "unknown"
+    if seconds < 0:
+        return "-" + format_duration(-seconds)
+    if seconds == float("inf"):
+        return "forever"
     whole = round(seconds)
     if whole < 60:
         return f"{whole}s"

@@ -5,11 +5,12 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from allotment.domain.cluster import Duration, Model, Name, ResourcesField, RetryPolicy, Text
 from allotment.domain.executor import ImageReference, parse_bytes
-from allotment.domain.resources import Resources
+from allotment.domain.resources import GPU, MILLI, Resources
+from allotment.domain.text import PlainText
 
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
 """An environment variable's name, as shells accept it (letters, digits, ``_``)."""
@@ -24,12 +25,34 @@ class JobType(StrEnum):
     DATA = "data"
 
 
+def _not_a_boolean(value: object) -> object:
+    """``count: true`` is not 1: a count is written as a number."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a whole number, not the boolean {str(value).lower()}")
+    return value
+
+
+Count = Annotated[int, BeforeValidator(_not_a_boolean)]
+"""A whole number, never a boolean."""
+
+
 class ReplicaGroup(Model):
-    """``count`` identical replicas, each needing ``resources``."""
+    """``count`` identical replicas, each needing ``resources``. A replica asks for a
+    share of one GPU (``gpu: 0.5``) or for whole GPUs (``gpu: 2``), never for 1.5."""
 
     name: Name = "worker"
-    count: int = Field(default=1, ge=1, le=10_000)
+    count: Count = Field(default=1, ge=1, le=10_000)
     resources: ResourcesField = Field(default_factory=Resources)
+
+    @model_validator(mode="after")
+    def _whole_gpus_above_one(self) -> ReplicaGroup:
+        gpu = self.resources.get(GPU, 0)
+        if gpu > MILLI and gpu % MILLI:
+            raise ValueError(
+                f"resources.gpu {gpu / MILLI:g} is not possible: ask for a share "
+                "of one GPU (at most 1, e.g. 0.5) or for whole GPUs (e.g. 1 or 2)"
+            )
+        return self
 
 
 RESERVED_TARGET = "/allotment"
@@ -72,9 +95,9 @@ class Mount(Model):
 class ServiceSettings(Model):
     """Inference services: elastic replicas behind a stable endpoint."""
 
-    min_replicas: int = Field(default=1, ge=0)
-    max_replicas: int = Field(default=1, ge=1)
-    port: int | None = Field(default=None, ge=1, le=65535)
+    min_replicas: Count = Field(default=1, ge=0)
+    max_replicas: Count = Field(default=1, ge=1)
+    port: Count | None = Field(default=None, ge=1, le=65535)
 
     @model_validator(mode="after")
     def _ordered(self) -> ServiceSettings:
@@ -94,7 +117,7 @@ class JobSpec(Model):
     """What a user submits. The scheduler never sees a true duration, only
     ``max_runtime`` (a limit) and ``expected_runtime`` (a hint)."""
 
-    name: Annotated[str, Field(min_length=1, max_length=128)]
+    name: Annotated[PlainText, Field(min_length=1, max_length=128)]
     queue: str
     type: JobType = JobType.TRAINING
     priority_class: str | None = None

@@ -12,6 +12,7 @@ Scalars follow YAML 1.2 where 1.1 surprises people: only ``true``/``false`` are 
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -285,10 +286,100 @@ def load_cluster(path: str | Path) -> Cluster:
     return load_cluster_text(_read(path), source=str(path))
 
 
+def _json_object(text: str) -> dict[str, Any] | None:
+    """``text`` as a JSON object, or None when it is not one (then it is read as YAML).
+    ``NaN`` and ``Infinity`` are not JSON numbers here."""
+    if not text.lstrip().startswith("{"):
+        return None
+
+    def no_constant(name: str) -> None:
+        raise ValueError(f"{name} is not a JSON number")
+
+    try:
+        data = json.loads(text, parse_constant=no_constant)
+    except (ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def _check_json(value: object, path: tuple[str, ...], depth: int, seen: list[int]) -> None:
+    """The bounds YAML gets (depth, values), and no NUL or lone surrogate (``\ud83d``
+    without its pair) in any key or text: no store keeps them."""
+    where = ".".join(path)
+    if depth > MAX_DEPTH:
+        raise ConfigError([Issue(path=where, message=f"nested deeper than {MAX_DEPTH}")])
+    seen[0] += 1
+    if seen[0] > MAX_NODES:
+        raise ConfigError([Issue(path="", message=f"more than {MAX_NODES} values")])
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ConfigError(
+                [
+                    Issue(
+                        path=where,
+                        message="contains a NUL character (\\0), which no name or text may hold",
+                    )
+                ]
+            )
+        if _SURROGATE.search(value):
+            raise ConfigError(
+                [
+                    Issue(
+                        path=where,
+                        message="contains an unpaired UTF-16 surrogate escape "
+                        "(\\ud800-\\udfff); write the character itself or its escape pair",
+                    )
+                ]
+            )
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_json(key, (*path, key), depth + 1, seen)
+            _check_json(item, (*path, key), depth + 1, seen)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_json(item, (*path, str(i)), depth + 1, seen)
+
+
+def _json_lines(text: str) -> Lines:
+    """Line numbers for a JSON spec, where YAML can read it (not with escaped
+    surrogate pairs); else none."""
+    try:
+        _check_depth(text)
+        node = yaml.compose(text, Loader=_FastLoader)
+        lines: Lines = {}
+        if node is not None:
+            _walk(node, (), lines, 0, [0])
+        return lines
+    except (yaml.YAMLError, ConfigError):
+        return {}
+
+
+def parse_spec(text: str, *, source: str | None = None) -> tuple[Any, Lines]:
+    """A spec's text as data: a JSON object when the text is one (``json.dumps`` output,
+    escaped emoji included), else YAML (:func:`parse_yaml`, with line numbers)."""
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
+        raise ConfigError(
+            [Issue(path="", message=f"file larger than {MAX_BYTES // 1024 // 1024} MiB")],
+            source=source,
+        )
+    data = _json_object(text)
+    if data is None:
+        return parse_yaml(text, source=source)
+    try:
+        _check_json(data, (), 0, [0])
+    except ConfigError as exc:
+        raise ConfigError(exc.issues, source=source) from None
+    return data, _json_lines(text)
+
+
 def load_job_text(text: str, *, source: str | None = None) -> JobSpec:
-    """Parse ``job.yaml`` text into a :class:`JobSpec` (shape only; the queue, pools and
-    priority class are checked against a cluster by :func:`check_job`)."""
-    data, lines = parse_yaml(text, source=source)
+    """Parse ``job.yaml`` text (YAML, or a JSON object) into a :class:`JobSpec` (shape
+    only; the queue, pools and priority class are checked against a cluster by
+    :func:`check_job`)."""
+    data, lines = parse_spec(text, source=source)
     return validate_model(JobSpec, data, lines=lines, source=source)
 
 
