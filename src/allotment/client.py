@@ -7,6 +7,8 @@ transport failure raises :class:`ClientError` with code ``unreachable`` and stat
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -49,6 +51,15 @@ def _error_from(response: httpx.Response) -> ClientError:
     )
 
 
+SUBMIT_TRIES = 3
+"""How often a submission is sent when no answer comes back (same idempotency key)."""
+
+
+def new_idempotency_key() -> str:
+    """A fresh key for one submission."""
+    return uuid.uuid4().hex
+
+
 class AllotmentClient:
     """The API at ``base_url`` (e.g. ``http://127.0.0.1:8642``), as ``token`` if given.
 
@@ -81,20 +92,39 @@ class AllotmentClient:
             raise _error_from(response)
         return response.json()
 
-    def submit(self, spec_text: str) -> dict[str, Any]:
-        """Submit a job file's text (YAML or JSON); returns the job, now ``pending``."""
-        job: dict[str, Any] = self._request("POST", "/jobs", json={"spec": spec_text})
+    def submit(self, spec_text: str, *, idempotency_key: str | None = None) -> dict[str, Any]:
+        """Submit a job file's text (YAML or JSON); returns the job, now ``pending``.
+        Sent with an ``Idempotency-Key`` (a new one unless given) and sent again with it
+        when the connection fails before an answer: the job is stored once."""
+        job: dict[str, Any] = self._submission(
+            "/jobs", {"spec": spec_text}, idempotency_key or new_idempotency_key()
+        )
         return job
 
-    def submit_many(self, spec_texts: Sequence[str]) -> list[dict[str, Any]]:
+    def submit_many(
+        self, spec_texts: Sequence[str], *, idempotency_key: str | None = None
+    ) -> list[dict[str, Any]]:
         """Submit several job files' texts in one request: all are stored, in order, or
         none (``invalid_config`` names the first bad one as ``specs.<index>``; more than
-        the server's limit is ``batch_too_large``, status 413). Returns the jobs."""
-        body: dict[str, Any] = self._request(
-            "POST", "/jobs:batch", json={"specs": list(spec_texts)}
+        the server's limit is ``batch_too_large``, status 413). Returns the jobs; safe
+        to retry as :meth:`submit` is."""
+        body: dict[str, Any] = self._submission(
+            "/jobs:batch", {"specs": list(spec_texts)}, idempotency_key or new_idempotency_key()
         )
         jobs: list[dict[str, Any]] = body["jobs"]
         return jobs
+
+    def _submission(self, path: str, body: dict[str, Any], key: str) -> Any:
+        """POST a submission with its idempotency key, again (same key) after a
+        transport failure, at most :data:`SUBMIT_TRIES` times in all."""
+        for attempt in range(1, SUBMIT_TRIES + 1):
+            try:
+                return self._request("POST", path, json=body, headers={"Idempotency-Key": key})
+            except ClientError as exc:
+                if exc.status != 0 or attempt == SUBMIT_TRIES:
+                    raise
+                time.sleep(0.2 * attempt)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def list_jobs(
         self,

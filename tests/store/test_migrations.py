@@ -16,6 +16,7 @@ TABLES = {
     "device_usage",
     "alerts",
     "leader_term",
+    "idempotency_keys",
 }
 
 

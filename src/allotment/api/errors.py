@@ -34,6 +34,12 @@ class BatchTooLarge(InvalidInput):
     code = "batch_too_large"
 
 
+class IdempotencyKeyReused(Conflict):
+    """An ``Idempotency-Key`` sent again with another request than the first time."""
+
+    code = "idempotency_key_reused"
+
+
 STATUS_BY_CLASS: tuple[tuple[type[AllotmentError], int], ...] = (
     (NotFound, 404),
     (Unauthenticated, 401),

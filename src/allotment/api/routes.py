@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Body, Depends, Query, Request
+from fastapi import APIRouter, Body, Depends, Header, Query, Request
 
 from allotment.api import audit, reports, schemas
 from allotment.api.access import CurrentPrincipal, Service, Tokens, allowed, on_job, principal
@@ -70,17 +70,48 @@ def may_submit(who: Principal) -> Callable[[Queue], None]:
     return check
 
 
+IdempotencyKeyHeader = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description=(
+            "Makes a retried submission safe: the same user repeating the key with the "
+            "same request gets the jobs the first one made (for 24 h)"
+        ),
+        pattern=r"^[\x21-\x7e]{1,255}$",
+    ),
+]
+
+
 @router.post("/jobs", status_code=201, response_model=schemas.JobOut)
-def submit_job(body: schemas.SubmitRequest, svc: Service, who: CurrentPrincipal) -> schemas.JobOut:
-    return svc.submit(spec_text=body.spec, user=who.user, may_submit=may_submit(who))
+def submit_job(
+    body: schemas.SubmitRequest,
+    svc: Service,
+    who: CurrentPrincipal,
+    idempotency_key: IdempotencyKeyHeader = None,
+) -> schemas.JobOut:
+    return svc.submit(
+        spec_text=body.spec,
+        user=who.user,
+        may_submit=may_submit(who),
+        idempotency_key=idempotency_key,
+    )
 
 
 @router.post("/jobs:batch", status_code=201, response_model=schemas.JobList)
 def submit_jobs(
-    body: schemas.SubmitManyRequest, svc: Service, who: CurrentPrincipal
+    body: schemas.SubmitManyRequest,
+    svc: Service,
+    who: CurrentPrincipal,
+    idempotency_key: IdempotencyKeyHeader = None,
 ) -> schemas.JobList:
     return schemas.JobList(
-        jobs=svc.submit_many(spec_texts=body.specs, user=who.user, may_submit=may_submit(who))
+        jobs=svc.submit_many(
+            spec_texts=body.specs,
+            user=who.user,
+            may_submit=may_submit(who),
+            idempotency_key=idempotency_key,
+        )
     )
 
 

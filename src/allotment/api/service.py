@@ -7,20 +7,23 @@ the app's one handler turns them into HTTP.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from allotment.api import cluster_config, explain, fleet, schemas
-from allotment.api.errors import BatchTooLarge
+from allotment.api.errors import BatchTooLarge, IdempotencyKeyReused
 from allotment.api.logs import read_log
 from allotment.api.policy import Owned
 from allotment.control.layout import Stream
 from allotment.domain.cluster import DEFAULT_TENANT, Cluster, Node, PriorityClass, Queue
-from allotment.domain.errors import AllotmentError, ConfigError, Issue, MountNotAllowed
+from allotment.domain.errors import AllotmentError, ConfigError, Conflict, Issue, MountNotAllowed
 from allotment.domain.isolation import check_execution
 from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import JobState
@@ -28,6 +31,7 @@ from allotment.domain.loading import check_job, load_cluster_text, load_job_text
 from allotment.domain.scopes import check_mounts
 from allotment.scheduler.snapshot import SchedulerPolicy
 from allotment.store import configs as config_store
+from allotment.store import idempotency
 from allotment.store import jobs as job_store
 from allotment.store.models import Event, Job
 
@@ -78,6 +82,11 @@ def event_out(event: Event) -> schemas.EventOut:
         message=event.message,
         detail=dict(event.detail or {}),
     )
+
+
+def _digest(route: str, texts: Sequence[str]) -> str:
+    """What binds an idempotency key to its request: the route and the specs."""
+    return hashlib.sha256(json.dumps([route, list(texts)]).encode()).hexdigest()
 
 
 def check_data_scopes(spec: JobSpec, cluster: Cluster, tenant: str) -> None:
@@ -134,13 +143,20 @@ class JobService:
         spec_text: str,
         user: str = ANONYMOUS,
         may_submit: Callable[[Queue], None] | None = None,
+        idempotency_key: str | None = None,
     ) -> schemas.JobOut:
         """Parse ``spec_text`` like a job file, check it against the cluster, store it
         and move it to ``pending``. Raises :class:`ConfigError` naming key and line;
-        ``may_submit`` is given the job's queue first and raises when ``user`` may not."""
+        ``may_submit`` is given the job's queue first and raises when ``user`` may not.
+        With ``idempotency_key``, a repeat of the same request answers the job the first
+        one made (as it is now) instead of making another (:meth:`_once`)."""
         checked = self._check(spec_text, SPEC_SOURCE, may_submit)
-        with self.sessions.begin() as session:
-            return job_out(self._store(session, checked, user, self.clock()))
+
+        def store(session: Session) -> list[Job]:
+            return [self._store(session, checked, user, self.clock())]
+
+        (job,) = self._once(user, idempotency_key, _digest("jobs", [spec_text]), store)
+        return job
 
     def submit_many(
         self,
@@ -148,6 +164,7 @@ class JobService:
         spec_texts: Sequence[str],
         user: str = ANONYMOUS,
         may_submit: Callable[[Queue], None] | None = None,
+        idempotency_key: str | None = None,
     ) -> list[schemas.JobOut]:
         """:meth:`submit` for several specs in one transaction: all are stored, in order
         (strictly increasing submit times), or none. The first invalid spec raises
@@ -159,14 +176,54 @@ class JobService:
                 fields={"max_batch": MAX_BATCH, "count": len(spec_texts)},
             )
         checked = [self._check(text, f"specs.{i}", may_submit) for i, text in enumerate(spec_texts)]
-        out: list[schemas.JobOut] = []
-        at = -math.inf
-        with self.sessions.begin() as session:
+
+        def store(session: Session) -> list[Job]:
+            jobs = []
+            at = -math.inf
             for item in checked:
                 # Strictly increasing submit times keep the batch's order in the queues.
                 at = max(self.clock(), math.nextafter(at, math.inf))
-                out.append(job_out(self._store(session, item, user, at)))
-        return out
+                jobs.append(self._store(session, item, user, at))
+            return jobs
+
+        return self._once(user, idempotency_key, _digest("jobs:batch", spec_texts), store)
+
+    def _once(
+        self,
+        user: str,
+        key: str | None,
+        digest: str,
+        store: Callable[[Session], list[Job]],
+    ) -> list[schemas.JobOut]:
+        """Run ``store`` in one transaction, at most once per ``(user, key)``: a repeat
+        of the request answers the jobs it made; the key with another request raises
+        :class:`IdempotencyKeyReused` (409)."""
+        for _ in range(3):
+            try:
+                with self.sessions.begin() as session:
+                    now = self.clock()
+                    earlier = idempotency.find(session, user, key, now=now) if key else None
+                    if earlier is not None:
+                        if earlier.digest != digest:
+                            raise IdempotencyKeyReused(
+                                "this Idempotency-Key was sent with another request before; "
+                                "use a new key for a new submission",
+                                fields={"key": key},
+                            )
+                        return [job_out(job_store.get_job(session, j)) for j in earlier.job_ids]
+                    jobs = store(session)
+                    if key:
+                        ids = [job.id for job in jobs]
+                        idempotency.record(session, user, key, digest, ids, now=now)
+                    return [job_out(job) for job in jobs]
+            except (IntegrityError, idempotency.KeyTaken):
+                if not key:
+                    raise
+                # A concurrent request with the same key won: answer with what it made.
+        raise Conflict(
+            "this Idempotency-Key is being used by concurrent requests; try again",
+            fields={"key": key},
+        )
 
     def _check(
         self, spec_text: str, source: str, may_submit: Callable[[Queue], None] | None = None

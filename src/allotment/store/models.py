@@ -284,3 +284,16 @@ class LeaderTerm(Base):
     term: Mapped[int] = mapped_column(BigInteger)
     holder: Mapped[str] = mapped_column(String(256), default="")
     since: Mapped[float] = mapped_column(Float)
+
+
+class IdempotencyKey(Base):
+    """A submission made with an ``Idempotency-Key``: the same user repeating the key
+    (with the same request) gets the jobs it made, never new ones."""
+
+    __tablename__ = "idempotency_keys"
+
+    user: Mapped[str] = mapped_column(String(NAME), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64))
+    job_ids: Mapped[list[str]] = mapped_column(JSON)
+    created_at: Mapped[float] = mapped_column(Float, index=True)
