@@ -94,6 +94,9 @@ class ServerOptions:
     stop_grace_s: float = DEFAULT_STOP_GRACE_S
     rate_limit: RateLimit | None = SERVER_DEFAULT
     """Requests per API token; None: unlimited."""
+    trusted_proxies: tuple[str, ...] = ()
+    """Reverse proxies whose ``X-Forwarded-For`` names the client (for the audit trail
+    and the rate limit); empty: the header is never believed."""
 
     @property
     def database_url(self) -> str:
@@ -383,6 +386,10 @@ class Server:
             port=self.options.port,
             log_level="warning",
             access_log=False,
+            # uvicorn believes X-Forwarded-For from 127.0.0.1 by default: any local
+            # client could then pick the address it is audited and rate-limited as.
+            proxy_headers=bool(self.options.trusted_proxies),
+            forwarded_allow_ips=",".join(self.options.trusted_proxies) or None,
         )
         try:
             uvicorn.Server(config).run()

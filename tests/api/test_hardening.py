@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from allotment.api.app import create_app
+from allotment.api.auth import AdminDigest, token_digest
 from allotment.api.ratelimit import RateLimit, TokenBuckets
 from allotment.domain.loading import load_cluster
 from allotment.store import migrate
@@ -82,6 +83,44 @@ def test_over_the_limit_is_429_with_retry_after(limited: str) -> None:
         assert int(refused.headers["retry-after"]) >= 1
         assert bob.get("/api/v1/queues").status_code == 200  # per token
         assert ada.get("/api/v1/healthz").status_code == 200  # exempt
+
+
+def test_fault_made_up_tokens_share_their_address_bucket(tmp_path: Path) -> None:
+    # With real authentication, a token answered 401 never gets a bucket of its own:
+    # rotating made-up tokens is limited by the client's address.
+    admin = "the-admin-token"
+    app = _app(
+        tmp_path,
+        rate_limit=RateLimit(per_second=0.01, burst=3),
+        authenticator=AdminDigest(token_digest(admin), user="root"),
+    )
+    with serve(app) as url, httpx.Client(base_url=url) as http:  # type: ignore[arg-type]
+        codes = [
+            http.get("/api/v1/queues", headers={"Authorization": f"Bearer bogus-{i}"}).status_code
+            for i in range(5)
+        ]
+        assert codes[:3] == [401] * 3 and codes[3:] == [429, 429]
+        # A valid token, once known, spends only its own bucket.
+        good = {"Authorization": f"Bearer {admin}"}
+        assert http.get("/api/v1/queues", headers=good).status_code == 429  # not known yet
+
+
+def test_fault_a_known_token_is_not_held_back_by_others_at_its_address(tmp_path: Path) -> None:
+    admin = "the-admin-token"
+    app = _app(
+        tmp_path,
+        rate_limit=RateLimit(per_second=0.01, burst=3),
+        authenticator=AdminDigest(token_digest(admin), user="root"),
+    )
+    with serve(app) as url, httpx.Client(base_url=url) as http:  # type: ignore[arg-type]
+        good = {"Authorization": f"Bearer {admin}"}
+        assert http.get("/api/v1/queues", headers=good).status_code == 200
+        for i in range(3):
+            http.get("/api/v1/queues", headers={"Authorization": f"Bearer bogus-{i}"})
+        assert [http.get("/api/v1/queues", headers=good).status_code for _ in range(2)] == [
+            200,
+            200,
+        ]
 
 
 def test_rate_limit_is_off_by_default(tmp_path: Path) -> None:

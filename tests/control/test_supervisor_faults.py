@@ -8,11 +8,12 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from allotment.domain.lifecycle import JobState as S
-from allotment.store.jobs import cancel_job, get_job
+from allotment.store.jobs import cancel_job, events_for, get_job
 from tests.control.conftest import (
     MakeLoop,
     Submit,
@@ -80,3 +81,18 @@ def test_fault_cancel_stops_a_lost_replica_that_still_runs(
     assert executor_of(loop).observe()[key_of(job_id)].ended
     assert state_of(sessions, job_id) is S.CANCELLED
     assert attempts(sessions, job_id)[0].end_time is not None  # its resources are free
+
+
+def test_fault_a_command_that_does_not_exist_says_why_in_events_and_logs(
+    make_loop: MakeLoop, sessions: sessionmaker[Session], submit: Submit, tmp_path: Path
+) -> None:
+    loop = make_loop()
+    job_id = submit("", fields={"command": ["/nonexistent/allotment-train"]}, gpu=0)
+    loop.cycle()
+    assert run_until(loop, sessions, job_id, {S.FAILED}) is S.FAILED
+    with sessions() as db:
+        [ended] = [e for e in events_for(db, job_id) if e.to_state == S.FAILED.value]
+    assert "exit code 127" in ended.message
+    assert "could not start the command" in ended.message and "allotment-train" in ended.message
+    [err] = (tmp_path / "work").glob(f"me/{job_id}/1/logs/worker-0.err")
+    assert "could not start the command" in err.read_text()

@@ -2,10 +2,13 @@
 
 Each bearer token (keyed by its SHA-256 digest, never the token itself) — or, for a
 request without one, each client address — has a bucket of ``burst`` requests refilled
-at ``per_second``. A request finding its bucket empty gets 429, code ``rate_limited``,
-and ``Retry-After`` in whole seconds. Buckets live in this process only: several servers
-each apply the limit on their own. At most ``max_keys`` buckets are kept; the least
-recently used are forgotten first (a forgotten bucket starts full again).
+at ``per_second``. A token not yet known to be valid (one never answered otherwise than
+401) also spends from its client address's bucket: rotating made-up tokens gets no
+fresh bucket each time. A request finding a bucket empty gets 429, code
+``rate_limited``, and ``Retry-After`` in whole seconds. Buckets live in this process
+only: several servers each apply the limit on their own. At most ``max_keys`` buckets
+are kept; the least recently used are forgotten first (a forgotten bucket starts full
+again).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from allotment.api.auth import token_digest
 from allotment.api.gate import presented_token
@@ -70,13 +73,18 @@ class TokenBuckets:
         return wait
 
 
-def request_key(scope: Scope) -> str:
-    """Whose bucket a request spends from: its token's digest, else its address."""
+def request_keys(scope: Scope, known: Callable[[str], bool]) -> list[str]:
+    """The buckets a request spends from: its token's (when it has one), and its
+    address's unless the token is ``known`` to be valid."""
+    keys = []
     token = presented_token(scope)
     if token is not None:
-        return "token:" + token_digest(token)
+        keys.append("token:" + token_digest(token))
+        if known(keys[0]):
+            return keys
     client = scope.get("client")
-    return "addr:" + (str(client[0]) if client else "unknown")
+    keys.append("addr:" + (str(client[0]) if client else "unknown"))
+    return keys
 
 
 class RateLimiter:
@@ -87,14 +95,35 @@ class RateLimiter:
     ) -> None:
         self.app = app
         self.buckets = TokenBuckets(limit, clock)
+        self._valid: OrderedDict[str, None] = OrderedDict()
+        """Token buckets whose token was once answered otherwise than 401 (LRU)."""
+
+    def _known(self, key: str) -> bool:
+        if key in self._valid:
+            self._valid.move_to_end(key)
+            return True
+        return False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("path", "") in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        wait = self.buckets.take(request_key(scope))
+        keys = request_keys(scope, self._known)
+        wait = max(self.buckets.take(key) for key in keys)
         if wait <= 0:
-            await self.app(scope, receive, send)
+            if not keys[0].startswith("token:") or keys[0] in self._valid:
+                await self.app(scope, receive, send)
+                return
+            token_key = keys[0]
+
+            async def noting(message: Message) -> None:
+                if message["type"] == "http.response.start" and message["status"] != 401:
+                    self._valid[token_key] = None
+                    while len(self._valid) > self.buckets.limit.max_keys:
+                        self._valid.popitem(last=False)
+                await send(message)
+
+            await self.app(scope, receive, noting)
             return
         retry = max(1, math.ceil(wait))
         limit = self.buckets.limit

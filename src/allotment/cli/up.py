@@ -47,6 +47,14 @@ def up(
             min=0.1,
         ),
     ] = 30.0,
+    trusted_proxy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--trusted-proxy",
+            help="Address of a reverse proxy whose X-Forwarded-For is believed "
+            "(repeatable; none by default: the header is ignored).",
+        ),
+    ] = None,
 ) -> None:
     """Start Allotment on this machine and serve until Ctrl-C (jobs keep running)."""
     from allotment.server import Server, ServerOptions, StartupError, default_data_dir, describe
@@ -61,6 +69,7 @@ def up(
         tick_s=tick,
         stop_grace_s=stop_grace,
         reconcile_every_s=reconcile_every,
+        trusted_proxies=tuple(trusted_proxy or ()),
     )
     server = Server(options)
     try:

@@ -462,6 +462,8 @@ class ControlLoop:
                 if status.exit_code is not None
                 else status.detail or status.phase.value
             )
+            if status.detail and status.detail not in how:
+                how = f"{how} ({status.detail})"  # e.g. the command could not be started
             state = self._move(
                 db,
                 job,

@@ -272,12 +272,10 @@ class _Supervisor:
                     preexec_fn=limit,
                 )
         except OSError as exc:
-            self.save(
-                started_at=time.time(),
-                ended_at=time.time(),
-                exit_code=127,
-                detail=f"could not start the command: {exc}",
-            )
+            detail = f"could not start the command: {exc}"
+            with contextlib.suppress(OSError), stderr_path.open("a") as note:
+                note.write(f"allotment: {detail}\n")  # so that allot logs says why
+            self.save(started_at=time.time(), ended_at=time.time(), exit_code=127, detail=detail)
             return 0
         self.save(
             pid=child.pid,
