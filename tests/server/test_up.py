@@ -66,6 +66,20 @@ def test_the_dashboard_shows_jobs_with_the_token_cookie(up: Up) -> None:
     assert "workstation" in page  # the queue tree
 
 
+def test_fault_the_dashboard_cookie_reads_but_never_writes(up: Up) -> None:
+    # A browser sends the cookie by itself, so another page could forge a write with
+    # it: writes need the bearer header.
+    up.start("-f", str(EXAMPLES / "cluster-local.yaml"))
+    with httpx.Client(base_url=up.url, follow_redirects=True) as browser:
+        assert browser.get(f"/?token={up.config['token']}").status_code == 200
+        assert browser.get("/api/v1/jobs").status_code == 200  # reading with the cookie
+        forged = browser.post("/api/v1/jobs", json={"spec": JOB})
+        assert forged.status_code == 401 and forged.json()["code"] == "unauthenticated"
+        assert browser.get("/api/v1/jobs").json()["jobs"] == []
+        auth = {"Authorization": f"Bearer {up.config['token']}"}
+        assert browser.post("/api/v1/jobs", json={"spec": JOB}, headers=auth).status_code == 201
+
+
 def test_a_restart_keeps_the_token_and_the_jobs(up: Up) -> None:
     up.start()
     token = up.config["token"]

@@ -28,13 +28,16 @@ def _headers(scope: Scope) -> dict[bytes, bytes]:
 
 
 def presented_token(scope: Scope) -> str | None:
-    """The bearer token of a request, else (the dashboard) its ``?token=`` or its
-    cookie, else ``None``."""
+    """The bearer token of a request, else (the dashboard, reading) its ``?token=`` or
+    its cookie, else ``None``. A write counts the bearer token only: a browser sends
+    the cookie by itself, so a write made with it could be forged by another page."""
     headers = _headers(scope)
     auth = headers.get(b"authorization", b"").decode("latin-1")
     scheme, _, value = auth.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
         return value.strip()
+    if str(scope.get("method", "GET")).upper() in WRITE_METHODS:
+        return None
     if scope.get("path") == DASHBOARD_PATH:
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         tokens = query.get("token")
