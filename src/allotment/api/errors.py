@@ -6,6 +6,7 @@ unexpected is a 500 with code ``internal`` and no stack trace in the body.
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 from typing import Any
@@ -125,7 +126,40 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return response
 
 
+_FULL_TEXTS = ("database or disk is full", "no space left on device", "could not extend file")
+
+
+def storage_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) says the store's disk is full: SQLite's
+    "database or disk is full", PostgreSQL's ``disk_full`` (SQLSTATE 53100), or an
+    ``OSError`` ``ENOSPC``."""
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        current = stack.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno == errno.ENOSPC:
+            return True
+        if getattr(current, "sqlstate", None) == "53100":
+            return True
+        if any(text in str(current).lower() for text in _FULL_TEXTS):
+            return True
+        stack += [current.__cause__, current.__context__, getattr(current, "orig", None)]
+    return False
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    if storage_full(exc):
+        log.error("the store's disk is full (%s %s): %s", request.method, request.url.path, exc)
+        return error_response(
+            503,
+            "storage_full",
+            "the store's disk is full, so nothing was changed; free space on it and try "
+            "again (the server recovers by itself)",
+            {},
+        )
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return error_response(500, "internal", "internal error; the server log has the detail", {})
 
