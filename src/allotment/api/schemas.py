@@ -157,7 +157,7 @@ class WhyReason(Output):
 
 
 class WhyOut(Output):
-    """``allot why JOB -o json`` (INTERFACES.md); ``reason``, ``position`` and
+    """``allot why JOB -o json`` (the README's "HTTP API"); ``reason``, ``position`` and
     ``estimated_start`` are null unless the job is pending; ``placement`` is set while it
     holds an allocation."""
 

@@ -1,4 +1,4 @@
-"""Zombies and orphans (R5.4): each one found is reported (an event, an audit record
+"""Zombies and orphans: each one found is reported (an event, an audit record
 by ``allotment`` with the evidence, a log line) and counted; orphans are cleaned when
 the cluster's ``orphans`` policy says ``kill`` and they are provably orphans.
 

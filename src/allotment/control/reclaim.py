@@ -1,4 +1,4 @@
-"""Idle and TTL reclamation (R5.4): rows in, decisions out, then one writer.
+"""Idle and TTL reclamation: rows in, decisions out, then one writer.
 
 :func:`decide` is pure. For each running attempt it takes the queue's
 :class:`~allotment.domain.reclaim.ReclaimPolicy` and the attempt's ``job_usage`` rows:

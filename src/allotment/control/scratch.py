@@ -1,4 +1,4 @@
-"""Scratch-data expiry per tenant (R5.4): report first, delete after a grace.
+"""Scratch-data expiry per tenant: report first, delete after a grace.
 
 A tenant with ``scratch_expiry`` has the working directory of each attempt of its
 *ended* jobs (succeeded, failed, cancelled or reclaimed, the attempt closed) that ended

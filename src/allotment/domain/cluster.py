@@ -1,5 +1,5 @@
 """The cluster as platform teams describe it: priority classes, pools, nodes, tenants and
-the queue tree (``cluster.yaml`` in INTERFACES.md).
+the queue tree (``cluster.yaml``; ``examples/cluster.yaml`` shows every field).
 
 The models here read user input, so they forbid unknown keys and parse quantities and
 durations once, at the edge. :class:`Cluster` is the validated whole, with the
@@ -75,7 +75,7 @@ class Model(BaseModel):
 
 
 class PriorityClass(Model):
-    """A named priority with its rules (R2.1)."""
+    """A named priority with its rules."""
 
     name: Name
     value: int = Field(ge=-1_000_000, le=1_000_000)
@@ -287,7 +287,7 @@ class QueueSpec(Model):
     """Whether this queue's jobs may ask for the network (``network: true``); without
     it, containers run with no network at all."""
     reclaim: ReclaimPolicy | None = None
-    """Idle and TTL reclamation (R5.4); inherited by queues below that set none."""
+    """Idle and TTL reclamation; inherited by queues below that set none."""
     children: list[QueueSpec] = Field(default_factory=list)
 
 

@@ -1,4 +1,4 @@
-"""Job specs as users write them (``job.yaml`` in INTERFACES.md)."""
+"""Job specs as users write them (``job.yaml``; ``examples/jobs/`` shows every field)."""
 
 from __future__ import annotations
 

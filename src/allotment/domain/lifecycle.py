@@ -29,7 +29,7 @@ class JobState(StrEnum):
 
 
 class FailureClass(StrEnum):
-    """Why an attempt ended without success (R5.2)."""
+    """Why an attempt ended without success."""
 
     USER_CODE = "user_code"
     OOM = "oom"

@@ -16,7 +16,8 @@ from typing import Any
 
 
 class ReasonCode(StrEnum):
-    """The closed set of reasons a job is not running (INTERFACES.md)."""
+    """The closed set of reasons a job is not running (listed in the README's "How the
+    scheduler decides")."""
 
     QUOTA_EXHAUSTED = "quota_exhausted"
     """The queue (or an ancestor) has no quota left in any acceptable pool, borrowing included."""

@@ -1,4 +1,4 @@
-"""Reclamation and telemetry settings as written in ``cluster.yaml`` (R5.4).
+"""Reclamation and telemetry settings as written in ``cluster.yaml``.
 
 Three places take them:
 

@@ -1,4 +1,4 @@
-"""Start-time estimates: forward simulation of the same cycle (R1.4).
+"""Start-time estimates: forward simulation of the same cycle.
 
 From a snapshot, repeatedly run :func:`schedule_once`, then move the clock to the next
 moment something changes: a running job's expected (else maximum) end, a back-off

@@ -1,4 +1,4 @@
-"""Start-time forecasts on a running session, with run times learned from history (R1.4).
+"""Start-time forecasts on a running session, with run times learned from history.
 
 Most jobs do not say how long they will run, and the scheduler must not pretend to know.
 To tell a waiting job when it will start, :func:`forecast_start` copies the session and

@@ -1,4 +1,4 @@
-"""Each queue's pending jobs in the order a cycle considers them (R2.2).
+"""Each queue's pending jobs in the order a cycle considers them.
 
 Higher priority class first, then earlier submit time, then arrival order. A
 :class:`QueueLine` is built whole for one snapshot (:func:`group_lines`), or kept sorted

@@ -1,4 +1,4 @@
-"""Who goes first (R2.2, R2.3).
+"""Who goes first.
 
 Within a queue: higher priority class first, then first come, first served. Across
 queues: a head that fits in its queue's unused nominal quota goes before one that would

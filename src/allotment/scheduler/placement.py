@@ -1,4 +1,4 @@
-"""Placement: which nodes and devices a job's replicas get (R4.2, R4.3).
+"""Placement: which nodes and devices a job's replicas get.
 
 All replicas of a job are placed in one pool, all or none (gang). Whole-GPU replicas
 take fully free devices and go to the node with the fewest free GPUs that still fits

@@ -1,4 +1,4 @@
-"""Victim search: the smallest set of running jobs whose removal lets a job in (R2.2).
+"""Victim search: the smallest set of running jobs whose removal lets a job in.
 
 Candidates, in the order they are given up: ``borrow_only`` jobs first, then the lowest
 priority, then the least run time lost (the most recently started). A job may take:

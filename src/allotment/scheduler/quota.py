@@ -1,4 +1,4 @@
-"""The hierarchical quota tree: nominal quota, borrowing and lending (R1.2, R1.3, R3.1).
+"""The hierarchical quota tree: nominal quota, borrowing and lending.
 
 Per pool and resource, every queue has a *usage* (its subtree's jobs) and a *demand*
 ``D``: for a leaf its usage, for an inner queue the sum of its children's *occupancy*

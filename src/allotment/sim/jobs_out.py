@@ -1,4 +1,4 @@
-"""``--jobs-out``: one CSV row per job attempt (INTERFACES.md).
+"""``--jobs-out``: one CSV row per job attempt (see the README).
 
 Columns ``job_id,queue,submit_s,start_s,end_s,gpus,nodes,outcome``: times in replay
 seconds (empty when the attempt never started or never ended), ``gpus`` the attempt's

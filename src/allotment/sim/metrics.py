@@ -57,7 +57,7 @@ SUMMARY_FIELDS = (
     "fairness_jain",
     "wall_s",
 )
-"""The INTERFACES.md summary fields, in order; the summary adds a few more after them."""
+"""The summary fields the README lists, in order; the summary adds a few more after them."""
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -223,7 +223,7 @@ def contention_stats(result: ReplayResult) -> dict[str, Any]:
 
 
 def summarize(result: ReplayResult) -> dict[str, Any]:
-    """The summary of one replay: the INTERFACES.md fields, a few more (``finished``,
+    """The summary of one replay: the fields the README lists, a few more (``finished``,
     ``failed``, ``unfinished``, ``gpu_hours``, ``cycles``, ``scheduler_s``), and
     ``per_queue`` with the same fields per queue (``fairness_jain`` and ``wall_s`` are
     None there)."""

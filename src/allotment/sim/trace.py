@@ -1,4 +1,4 @@
-"""Reading workload traces for replay: the generic trace CSV of INTERFACES.md (the real
+"""Reading workload traces for replay: the generic trace CSV of the README (the real
 traces' formats are in :mod:`allotment.sim.trace_formats`).
 
 Columns: ``job_id, submit_time, duration, queue, gpus`` and optionally ``replicas, cpu,
