@@ -17,8 +17,8 @@ from allotment.api.app import create_app
 from allotment.api.auth import Principal
 from allotment.cli.main import app as cli
 from allotment.client import AllotmentClient, ClientError
-from allotment.domain.cluster import Role
 from allotment.domain.loading import load_cluster, load_cluster_text
+from allotment.domain.tenancy import Role
 from allotment.store import migrate
 from allotment.store.db import session_factory
 from tests.api.conftest import EXAMPLES, FakeClock, serve

@@ -6,7 +6,7 @@ import pytest
 
 from allotment.api.auth import ANONYMOUS, Principal
 from allotment.api.policy import RULES, Action, Owned, Verdict, decide, may, visible_tenant
-from allotment.domain.cluster import Role
+from allotment.domain.tenancy import Role
 
 
 def who(role: Role, tenant: str | None = "vision", user: str = "bob") -> Principal:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from allotment.domain.cluster import DataScope
 from allotment.domain.job import Mount
 from allotment.domain.scopes import resolve_mounts
+from allotment.domain.tenancy import DataScope
 
 ROOT = "/allot-test-nonexistent"
 

@@ -9,10 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allotment.domain.cluster import Cluster, DataScope, derived_uid
+from allotment.domain.cluster import Cluster
 from allotment.domain.errors import ConfigError
 from allotment.domain.executor import RuntimeSpec, UidRange
 from allotment.domain.loading import load_cluster_text
+from allotment.domain.tenancy import DataScope, derived_uid
 
 BODY = """
 pools: [{name: p}]

@@ -23,8 +23,8 @@ from typing import Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from allotment.domain.cluster import Role
 from allotment.domain.errors import Unauthenticated
+from allotment.domain.tenancy import Role
 from allotment.store.tokens import token_by_digest
 
 TOKEN_PREFIX = "allot_"

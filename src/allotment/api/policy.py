@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from enum import Enum, StrEnum
 
 from allotment.api.auth import Principal
-from allotment.domain.cluster import Role
 from allotment.domain.errors import Forbidden, NotFound
+from allotment.domain.tenancy import Role
 
 
 class Action(StrEnum):

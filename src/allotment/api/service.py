@@ -22,13 +22,14 @@ from allotment.api.errors import BatchTooLarge, IdempotencyKeyReused
 from allotment.api.logs import read_log
 from allotment.api.policy import Owned
 from allotment.control.layout import Stream
-from allotment.domain.cluster import DEFAULT_TENANT, Cluster, Node, PriorityClass, Queue
+from allotment.domain.cluster import Cluster, Node, PriorityClass, Queue
 from allotment.domain.errors import AllotmentError, ConfigError, Conflict, Issue, MountNotAllowed
 from allotment.domain.isolation import check_execution
 from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import JobState
 from allotment.domain.loading import check_job, load_cluster_text, load_job_text
 from allotment.domain.scopes import check_mounts
+from allotment.domain.tenancy import DEFAULT_TENANT
 from allotment.scheduler.snapshot import SchedulerPolicy
 from allotment.store import configs as config_store
 from allotment.store import idempotency

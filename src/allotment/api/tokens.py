@@ -14,9 +14,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from allotment.api import schemas
 from allotment.api.auth import Principal, new_token, token_digest
 from allotment.api.policy import RANK, Action, Owned, require, visible_tenant
-from allotment.domain.cluster import Cluster, Role
+from allotment.domain.cluster import Cluster
 from allotment.domain.durations import parse_duration
 from allotment.domain.errors import InvalidInput, NotFound
+from allotment.domain.tenancy import Role
 from allotment.domain.text import check_plain
 from allotment.store import tokens as token_store
 from allotment.store.models import ApiToken

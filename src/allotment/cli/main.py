@@ -18,10 +18,10 @@ from typer.core import TyperGroup
 from allotment.cli import alerts, audit, live, report, tokens, up
 from allotment.cli.common import Output, OutputOption, print_error, print_json
 from allotment.cli.common import console as make_console
-from allotment.domain.cluster import DEFAULT_TENANT
 from allotment.domain.errors import AllotmentError, ConfigError, InvalidInput
 from allotment.domain.isolation import check_execution
 from allotment.domain.loading import check_job, load_cluster, load_job
+from allotment.domain.tenancy import DEFAULT_TENANT
 
 
 class _Commands(TyperGroup):

@@ -24,8 +24,9 @@ from sqlalchemy.orm import sessionmaker
 
 from allotment.control.layout import attempt_dir
 from allotment.control.reclaim import SYSTEM_SOURCE, SYSTEM_USER
-from allotment.domain.cluster import Cluster, Tenant
+from allotment.domain.cluster import Cluster
 from allotment.domain.lifecycle import JobState
+from allotment.domain.tenancy import Tenant
 from allotment.store import audit
 from allotment.store.models import Attempt, Event, Job
 

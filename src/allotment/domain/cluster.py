@@ -9,69 +9,19 @@ parent's) and the tree flattened for fast look-ups.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator
-from enum import StrEnum
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    PlainSerializer,
-    model_validator,
-)
+from pydantic import Field, model_validator
 
-from allotment.domain.durations import TimeWindow, parse_duration
+from allotment.domain.durations import TimeWindow
 from allotment.domain.errors import ConfigError, Issue
 from allotment.domain.executor import ExecutorSpec, RuntimeSpec
+from allotment.domain.fields import Duration, Model, Name, PoolQuota, ResourcesField, Text
 from allotment.domain.lifecycle import FailureClass
-from allotment.domain.reclaim import (
-    DEFAULT_SCRATCH_GRACE_S,
-    OrphanPolicy,
-    ReclaimPolicy,
-    TelemetrySettings,
-)
+from allotment.domain.reclaim import OrphanPolicy, ReclaimPolicy, TelemetrySettings
 from allotment.domain.resources import GPU, Resources, format_quantity
-from allotment.domain.webhook import Webhook
-
-_NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$"
-Name = Annotated[str, Field(pattern=_NAME_PATTERN)]
-"""Object names: lower-case letters, digits, ``.``, ``_`` and ``-``, at most 64 characters."""
-
-ResourcesField = Annotated[
-    Resources,
-    BeforeValidator(Resources.parse),
-    PlainSerializer(lambda r: r.display(), return_type=dict[str, str]),
-]
-Duration = Annotated[float, BeforeValidator(lambda v: parse_duration(v))]
-
-
-def _scalar_text(value: object) -> object:
-    """Numbers and booleans written where text is meant (``rack: 1``, ``cuda: 12.4``,
-    ``NCCL_DEBUG: 1``) become their text; anything else is left to validation."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return str(value)
-    return value
-
-
-Text = Annotated[str, BeforeValidator(_scalar_text)]
-ImagePattern = Annotated[str, Field(pattern=r"^[A-Za-z0-9._:/@*?-]{1,512}$")]
-"""An image reference, or a pattern of one with ``*`` and ``?`` (``registry/team/*``)."""
-"""A label, topology or environment value: text, with plain numbers accepted as text."""
-PoolQuota = dict[str, ResourcesField]
-"""Per-pool resources: ``{a100: {gpu: 16, cpu: 200}}``."""
-
-
-class Model(BaseModel):
-    """Base of every model that reads user input: unknown keys are errors."""
-
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, arbitrary_types_allowed=True, populate_by_name=True
-    )
+from allotment.domain.tenancy import Tenant, check_uids, derived_uid
 
 
 class PriorityClass(Model):
@@ -172,54 +122,6 @@ class NodeEntry(Model):
             Node(name=f"{self.name_prefix}{i:0{width}d}", **common)
             for i in range(self.start, self.start + self.count)
         ]
-
-
-class Role(StrEnum):
-    ADMIN = "admin"
-    MEMBER = "member"
-    VIEWER = "viewer"
-
-
-class Member(Model):
-    user: Annotated[str, Field(min_length=1, max_length=128)]
-    role: Role = Role.MEMBER
-
-
-DEFAULT_TENANT = "default"
-"""The tenant of jobs in queues that name none."""
-
-
-class DataScope(Model):
-    """A path (or ``scheme://bucket/prefix``) a tenant's jobs may mount; read-only
-    unless ``writable``. Written as a plain string for a read-only scope."""
-
-    path: Annotated[str, Field(min_length=1, max_length=4096)]
-    writable: bool = False
-
-    @model_validator(mode="before")
-    @classmethod
-    def _plain(cls, data: object) -> object:
-        return {"path": data} if isinstance(data, str) else data
-
-
-class Tenant(Model):
-    """The isolation boundary: members with roles and declared data scopes."""
-
-    name: Name
-    data_scopes: list[DataScope] = Field(default_factory=list)
-    members: list[Member] = Field(default_factory=list)
-    scratch_expiry: Duration | None = Field(default=None, gt=0)
-    """Ended jobs' work directories older than this are reported, then deleted."""
-    scratch_grace: Duration = DEFAULT_SCRATCH_GRACE_S
-    """Time between the report of an expired work directory and its deletion."""
-    webhook: Webhook | None = None
-    """Where this tenant's alerts (e.g. ``max_wait``) are delivered; none: not sent."""
-    images: list[ImagePattern] = Field(default_factory=list)
-    """Image references or ``*`` patterns this tenant's jobs may run (besides the
-    runtime's ``default_image``); a pattern without a tag or digest admits them all."""
-    uid: int | None = Field(default=None, ge=1000, le=2**31 - 2)
-    """The uid and gid this tenant's containers run under (default: one derived from
-    its name inside ``executor.runtime.uids``)."""
 
 
 PreemptionMode = Literal["never", "lower_priority", "any"]
@@ -511,7 +413,7 @@ class Cluster:
         for queue in list(queues.values()):
             _check_guarantees(queue, locations[queue.name], issues)
         _check_executor(file, pools, issues)
-        _check_uids(file, issues)
+        check_uids(file.tenants, file.executor.runtime, issues)
         for i, pool in enumerate(file.pools):
             for j, access in enumerate(pool.queues or []):
                 if access not in queues:
@@ -543,36 +445,6 @@ def _check_executor(file: ClusterFile, pools: dict[str, Pool], issues: list[Issu
                 message="with executor kind slurm the nodes come from Slurm; remove nodes",
             )
         )
-
-
-def derived_uid(tenant: str, runtime: RuntimeSpec) -> int:
-    """A tenant's uid when it sets none: a stable hash of its name into the range."""
-    return runtime.uids.first + zlib.crc32(tenant.encode()) % runtime.uids.count
-
-
-def _check_uids(file: ClusterFile, issues: list[Issue]) -> None:
-    """Two tenants must never share a uid: a shared uid would let one read the other's
-    files. Reported only when containers are on (plain processes use no uids)."""
-    runtime = file.executor.runtime
-    if not runtime.containers:
-        return
-    owners: dict[int, str] = {}
-    if all(tenant.name != DEFAULT_TENANT for tenant in file.tenants):
-        # Jobs of queues without a tenant run as tenant "default", under its uid.
-        owners[derived_uid(DEFAULT_TENANT, runtime)] = f"{DEFAULT_TENANT} (queues without one)"
-    for i, tenant in enumerate(file.tenants):
-        uid = tenant.uid if tenant.uid is not None else derived_uid(tenant.name, runtime)
-        if uid in owners:
-            issues.append(
-                Issue(
-                    path=f"tenants.{i}.uid",
-                    message=(
-                        f"tenant {tenant.name!r} would run under uid {uid}, as tenant "
-                        f"{owners[uid]!r} does; give one of them its own uid"
-                    ),
-                )
-            )
-        owners.setdefault(uid, tenant.name)
 
 
 def _unique(items: list[_Named], section: str, issues: list[Issue]) -> dict[str, _Named]:

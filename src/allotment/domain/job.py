@@ -7,8 +7,9 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from allotment.domain.cluster import Duration, Model, Name, ResourcesField, RetryPolicy, Text
+from allotment.domain.cluster import RetryPolicy
 from allotment.domain.executor import ImageReference, parse_bytes
+from allotment.domain.fields import Duration, Model, Name, ResourcesField, Text
 from allotment.domain.resources import GPU, MILLI, Resources
 from allotment.domain.text import PlainText
 

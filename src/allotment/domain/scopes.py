@@ -16,9 +16,9 @@ import posixpath
 import re
 from collections.abc import Callable, Sequence
 
-from allotment.domain.cluster import DataScope
 from allotment.domain.errors import Issue
 from allotment.domain.job import UNMOUNTABLE, Mount
+from allotment.domain.tenancy import DataScope
 
 Resolver = Callable[[str], str]
 

@@ -11,7 +11,8 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from allotment.domain.cluster import Cluster, ClusterFile, Name
+from allotment.domain.cluster import Cluster, ClusterFile
+from allotment.domain.fields import Name
 from allotment.domain.loading import validate_model
 from allotment.sim.trace import TraceError
 
