@@ -47,7 +47,7 @@ from allotment.executors.base import (
     ReplicaPhase,
     ReplicaStatus,
 )
-from allotment.executors.failures import classify
+from allotment.executors.failures import classify, describe_end
 from allotment.scheduler.decisions import Decisions
 from allotment.scheduler.session import Session
 from allotment.scheduler.snapshot import (
@@ -300,17 +300,8 @@ class ControlLoop:
         if not rows:
             return moves
         failures = {
-            job_id: launch_attempt(
-                self.executor,
-                self.cluster,
-                self.work_root,
-                job_id,
-                tenant,
-                spec,
-                number,
-                allocation,
-            )
-            for job_id, tenant, spec, number, allocation in rows
+            row[0]: launch_attempt(self.executor, self.cluster, self.work_root, *row)
+            for row in rows
         }
         now = self.clock()
         with self.store_sessions.begin() as db:
@@ -455,15 +446,7 @@ class ControlLoop:
                     failures.append((status.ended_at or now, key, status, klass))
         if failures:
             _, key, status, klass = min(failures, key=lambda f: (f[0], f[1]))
-            how = (
-                f"signal {status.signal}"
-                if status.signal is not None
-                else f"exit code {status.exit_code}"
-                if status.exit_code is not None
-                else status.detail or status.phase.value
-            )
-            if status.detail and status.detail not in how:
-                how = f"{how} ({status.detail})"  # e.g. the command could not be started
+            how = describe_end(status)
             state = self._move(
                 db,
                 job,

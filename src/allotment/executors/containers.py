@@ -168,6 +168,31 @@ class PodmanRun:
     name: str = ""
 
 
+def require_containers(runtime: RuntimeSpec) -> None:
+    """Raise ``OSError`` when ``runtime`` runs plain processes (a container request
+    reaching it would otherwise run without its isolation)."""
+    if not runtime.containers:
+        raise OSError(
+            "this executor runs plain processes (executor.runtime.kind: process); "
+            "it cannot run a container"
+        )
+
+
+def hand_over(request: LaunchRequest, run: PodmanRun, env_path: Path) -> None:
+    """Before a container replica starts: write its environment file (mode 0600, the
+    server's user only) and hand its working directory to its tenant's uid and gid
+    (mode 0700; when this server is root, which alone may)."""
+    container = request.container
+    assert container is not None
+    fd = os.open(env_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        os.fchmod(fh.fileno(), 0o600)  # also when the file was there before
+        fh.write(run.env_file)
+    if os.geteuid() == 0:
+        os.chown(request.workdir, container.uid, container.gid)
+        Path(request.workdir).chmod(0o700)
+
+
 def podman_base(runtime: RuntimeSpec) -> list[str]:
     """``podman --runtime RUNTIME``: the start of every Podman command."""
     return [runtime.podman, "--runtime", runtime.oci_runtime]

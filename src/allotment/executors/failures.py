@@ -40,3 +40,18 @@ def classify(
     if status.exit_code == 0:
         return None
     return FailureClass.OOM if oom else FailureClass.USER_CODE
+
+
+def describe_end(status: ReplicaStatus) -> str:
+    """How a replica ended, in words: its signal or exit code, with what the executor
+    said of it (e.g. that the command could not be started)."""
+    how = (
+        f"signal {status.signal}"
+        if status.signal is not None
+        else f"exit code {status.exit_code}"
+        if status.exit_code is not None
+        else status.detail or status.phase.value
+    )
+    if status.detail and status.detail not in how:
+        how = f"{how} ({status.detail})"
+    return how

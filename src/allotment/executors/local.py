@@ -49,9 +49,11 @@ from allotment.executors.containers import (
     PROCESS_ENFORCEMENT,
     Probe,
     gpu_device_args,
+    hand_over,
     podman_base,
     podman_run,
     probe,
+    require_containers,
 )
 from allotment.executors.gpus import discover_gpus
 from allotment.executors.procfs import ProcessInfo, members, process_table, survivors
@@ -256,11 +258,7 @@ class LocalExecutor(Executor):
         carry (a line break) is refused (``OSError``)."""
         container = request.container
         assert container is not None
-        if not self.runtime.containers:
-            raise OSError(
-                "this executor runs plain processes (executor.runtime.kind: process); "
-                "it cannot run a container"
-            )
+        require_containers(self.runtime)
         env_path = directory / ENV_FILE
         try:
             run = podman_run(
@@ -271,12 +269,7 @@ class LocalExecutor(Executor):
             )
         except ValueError as exc:  # a line break in a value; a device node missing
             raise OSError(str(exc)) from exc
-        fd = os.open(env_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(run.env_file)
-        if os.geteuid() == 0:
-            os.chown(request.workdir, container.uid, container.gid)
-            request.workdir.chmod(0o700)
+        hand_over(request, run, env_path)
         section = {
             "base": podman_base(self.runtime),
             "name": run.name,

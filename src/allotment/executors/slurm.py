@@ -43,7 +43,11 @@ from allotment.executors.base import (
     ReplicaPhase,
     ReplicaStatus,
 )
-from allotment.executors.containers import PROCESS_ENFORCEMENT, Probe, probe
+from allotment.executors.containers import (
+    Probe,
+    probe,
+)
+from allotment.executors.slurm_containers import plan_containers, slurm_enforcement
 from allotment.executors.slurm_parse import (
     PENDING_STATES,
     SlurmJob,
@@ -73,13 +77,10 @@ from allotment.executors.slurm_records import (
 )
 from allotment.executors.slurm_script import (
     BASE_EXPORTS,
-    KILL_AFTER_S,
     ContainerPlan,
     UnsupportedRequest,
     batch_script,
     container_launcher,
-    container_run,
-    env_file_path,
     is_uniform,
     launcher_script,
     node_shares,
@@ -94,7 +95,6 @@ RECORDS_KEPT_S = 7 * 86400.0
 long before, unless it was down that long)."""
 ATTEMPTS_DIR = "attempts"
 """Under the state directory: one directory per container attempt (see the module)."""
-ENV_MODE = 0o600
 IMAGE_ERROR_EXIT = 125
 
 
@@ -214,31 +214,8 @@ class SlurmExecutor(Executor):
         return self._probe
 
     def enforcement(self) -> dict[str, str]:
-        if not self.runtime.containers:
-            return {
-                **PROCESS_ENFORCEMENT,
-                "memory": "by Slurm (--mem) where its task/cgroup plugin constrains memory",
-                "cpu": "by Slurm (--cpus-per-task) where its task/cgroup plugin constrains cores",
-                "identity": "NOT enforced: every replica runs as Slurm runs this server's jobs",
-                "devices": (
-                    "the GPUs Slurm bound (CUDA_VISIBLE_DEVICES; device cgroups only with "
-                    "ConstrainDevices=yes)"
-                ),
-            }
-        enforced = dict(self.probe().enforced)
-        enforced["memory"] = (
-            "enforced by Podman on each node (--memory, --memory-swap; OOM kills classed "
-            "oom), inside Slurm's --mem; needs the nodes' cgroup memory controller"
-        )
-        enforced["cpu"] = (
-            "enforced by Podman on each node (--cpus, CFS quota); needs the nodes' cgroup "
-            "cpu controller"
-        )
-        enforced["devices"] = (
-            "enforced: only the GPUs Slurm bound to the replica (--device or CDI), "
-            "renumbered from 0"
-        )
-        return enforced
+        probed = self.probe().enforced if self.runtime.containers else None
+        return slurm_enforcement(probed)
 
     def address(self, node: str) -> str:
         """How replicas on other nodes reach ``node``: Slurm's ``NodeAddr`` (else its
@@ -324,10 +301,7 @@ class SlurmExecutor(Executor):
             slurm_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             for stale in (STOP_FILE, RESULT_FILE, IMAGE_ERROR_FILE, OOM_FILE):
                 (slurm_dir / stale).unlink(missing_ok=True)
-            try:
-                plan = self._containers(requests, slurm_dir)
-            except ValueError as exc:  # what a container cannot be given (a line break)
-                raise SlurmError(str(exc)) from exc
+            plan = self._containers(requests, slurm_dir)
             text = container_launcher(shares, self.settings.stop_signal, plan)
         else:
             slurm_dir = Path(first.workdir) / "slurm"
@@ -382,37 +356,12 @@ class SlurmExecutor(Executor):
         return Path(slurm_dir).parent == self.attempts_root
 
     def _containers(self, requests: Sequence[LaunchRequest], slurm_dir: Path) -> ContainerPlan:
-        """Write every replica's environment file (mode 0600), hand the working
-        directories to their tenants' uids (when this server is root) and return how
-        the launcher runs the containers."""
-        if not self.runtime.containers:
-            raise SlurmError(
-                "this executor runs plain processes (executor.runtime.kind: process); "
-                "it cannot run a container"
-            )
-        runs = {}
-        for request in requests:
-            container = request.container
-            if container is None:
-                raise SlurmError(f"replica {request.key} has no container, unlike its gang")
-            run = container_run(self.runtime, request, str(slurm_dir))
-            fd = os.open(
-                env_file_path(str(slurm_dir), request.key),
-                os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                ENV_MODE,
-            )
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                os.fchmod(fh.fileno(), ENV_MODE)
-                fh.write(run.env_file)
-            if os.geteuid() == 0:
-                os.chown(request.workdir, container.uid, container.gid)
-                request.workdir.chmod(0o700)
-            runs[request.key] = run
-        kill_wait = self._kill_wait_s()
-        kill_after = KILL_AFTER_S if kill_wait is None else max(1.0, kill_wait / 2)
-        return ContainerPlan(
-            runtime=self.runtime, directory=str(slurm_dir), runs=runs, kill_after=kill_after
-        )
+        """How the launcher runs the attempt's containers (see :func:`plan_containers`),
+        killing them after half of Slurm's ``KillWait`` when Slurm cancelled the job."""
+        try:
+            return plan_containers(self.runtime, requests, slurm_dir, self._kill_wait_s)
+        except (OSError, ValueError) as exc:  # a process runtime; what no container takes
+            raise SlurmError(str(exc)) from exc
 
     def _kill_wait_s(self) -> float | None:
         """Slurm's ``KillWait`` (read once): how long Slurm lets a cancelled job's
