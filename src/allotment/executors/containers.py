@@ -21,6 +21,7 @@ environment file (mode 0600), never the command line that other users could read
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -304,9 +305,11 @@ def _cgroup_controllers() -> tuple[str, set[str]]:
     return ("hybrid" if hybrid else "v1"), found
 
 
+@functools.lru_cache(maxsize=16)
 def probe(runtime: RuntimeSpec, *, run: bool = True) -> Probe:
     """Check that Podman and the OCI runtime are there and work (``podman info``, when
-    ``run``), and say what this host enforces."""
+    ``run``), and say what this host enforces. Checked once per runtime setting in a
+    process (every executor of it shares the answer)."""
     problems: list[str] = []
     podman = shutil.which(runtime.podman)
     if podman is None:

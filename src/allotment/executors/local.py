@@ -149,7 +149,6 @@ class LocalExecutor(Executor):
         runtime: RuntimeSpec | None = None,
     ) -> None:
         self.runtime = runtime or RuntimeSpec()
-        self._probe: Probe | None = None
         self.state_root = Path(state_root)
         self.state_root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.state_root.chmod(0o700)  # the replicas' specs hold their environment
@@ -389,9 +388,7 @@ class LocalExecutor(Executor):
 
     def probe(self) -> Probe:
         """What this host enforces (checked once)."""
-        if self._probe is None:
-            self._probe = probe(self.runtime)
-        return self._probe
+        return probe(self.runtime)
 
     def enforcement(self) -> dict[str, str]:
         if not self.runtime.containers:

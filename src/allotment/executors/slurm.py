@@ -123,7 +123,6 @@ class SlurmExecutor(Executor):
         self.records = Records(state_dir)
         self.attempts_root = (Path(state_dir) / ATTEMPTS_DIR).absolute()
         """Where container attempts keep their files (see :meth:`attempt_dir`)."""
-        self._probe: Probe | None = None
         self._kill_wait: float | None = None
         """Slurm's ``KillWait`` in seconds, once read."""
         self._addresses: dict[str, str] = {}
@@ -209,9 +208,7 @@ class SlurmExecutor(Executor):
 
     def probe(self) -> Probe:
         """What Podman enforces, as this machine sees it (checked once)."""
-        if self._probe is None:
-            self._probe = probe(self.runtime)
-        return self._probe
+        return probe(self.runtime)
 
     def enforcement(self) -> dict[str, str]:
         probed = self.probe().enforced if self.runtime.containers else None
