@@ -74,3 +74,18 @@ def test_most_relevant_prefers_job_problems_then_closest_shortage() -> None:
     assert most_relevant([nofit, gate, quota]) is gate
     with pytest.raises(ValueError):
         most_relevant([])
+
+
+def test_a_job_over_its_queues_replica_cap_waits_with_the_cap_inherited() -> None:
+    built = (
+        ClusterBuilder()
+        .pool("a100", nodes=2)
+        .parent("org", max_job_replicas=2)
+        .leaf("a", parent="org", quota={"a100": {"gpu": 8}})
+        .build()
+    )
+    assert built.queues["a"].max_job_replicas == 2
+    decisions = cycle(built, [job("j", "a", gpu=1, replicas=3), job("k", "a", replicas=2)])
+    assert codes(decisions) == {"j": "exceeds_queue_limit"}
+    assert "up to 2 replicas" in decisions.waiting["j"].message
+    assert [a.job for a in decisions.admitted] == ["k"]

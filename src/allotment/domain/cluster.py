@@ -17,7 +17,15 @@ from pydantic import Field, model_validator
 from allotment.domain.durations import TimeWindow
 from allotment.domain.errors import ConfigError, Issue
 from allotment.domain.executor import ExecutorSpec, RuntimeSpec
-from allotment.domain.fields import Duration, Model, Name, PoolQuota, ResourcesField, Text
+from allotment.domain.fields import (
+    MAX_JOB_REPLICAS,
+    Duration,
+    Model,
+    Name,
+    PoolQuota,
+    ResourcesField,
+    Text,
+)
 from allotment.domain.lifecycle import FailureClass
 from allotment.domain.reclaim import OrphanPolicy, ReclaimPolicy, TelemetrySettings
 from allotment.domain.resources import GPU, Resources, format_quantity
@@ -178,6 +186,8 @@ class QueueSpec(Model):
     default_priority_class: str | None = None
     pools: list[str] | None = None
     max_job: ResourcesField | None = None
+    max_job_replicas: int | None = Field(default=None, ge=1, le=MAX_JOB_REPLICAS)
+    """The most replicas one job may have; inherited by queues below that set none."""
     max_wait: Duration | None = None
     preemption: PreemptionPolicy = Field(default_factory=PreemptionPolicy)
     time_windows: list[TimeWindowSpec] = Field(default_factory=list)
@@ -255,6 +265,17 @@ class Queue:
                 return node.spec.reclaim
             node = node.parent
         return None
+
+    @property
+    def max_job_replicas(self) -> int:
+        """The most replicas one job of this queue may have: its own ``max_job_replicas``
+        or its nearest ancestor's, else :data:`MAX_JOB_REPLICAS`."""
+        node: Queue | None = self
+        while node is not None:
+            if node.spec.max_job_replicas is not None:
+                return node.spec.max_job_replicas
+            node = node.parent
+        return MAX_JOB_REPLICAS
 
     def ancestors(self) -> Iterator[Queue]:
         node = self.parent

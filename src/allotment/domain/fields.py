@@ -11,6 +11,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSeriali
 from allotment.domain.durations import parse_duration
 from allotment.domain.resources import Resources
 
+MAX_JOB_REPLICAS = 10_000
+"""The most replicas one job may have, all groups together (a queue may allow fewer)."""
+
 _NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$"
 Name = Annotated[str, Field(pattern=_NAME_PATTERN)]
 """Object names: lower-case letters, digits, ``.``, ``_`` and ``-``, at most 64 characters."""

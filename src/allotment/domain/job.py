@@ -5,12 +5,12 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from allotment.domain.cluster import RetryPolicy
 from allotment.domain.executor import ImageReference, parse_bytes
-from allotment.domain.fields import Duration, Model, Name, ResourcesField, Text
-from allotment.domain.resources import GPU, MILLI, Resources
+from allotment.domain.fields import MAX_JOB_REPLICAS, Duration, Model, Name, ResourcesField, Text
+from allotment.domain.resources import CPU, GPU, MILLI, Resources
 from allotment.domain.text import PlainText
 
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
@@ -37,23 +37,40 @@ Count = Annotated[int, BeforeValidator(_not_a_boolean)]
 """A whole number, never a boolean."""
 
 
+DEFAULT_CPU = 1 * MILLI
+"""What a replica that asks for no GPU and names no ``cpu`` asks for: one CPU, as Slurm
+gives each task. Every replica then holds something, so quota and node capacity bound
+how many run at once."""
+
+
 class ReplicaGroup(Model):
     """``count`` identical replicas, each needing ``resources``. A replica asks for a
-    share of one GPU (``gpu: 0.5``) or for whole GPUs (``gpu: 2``), never for 1.5."""
+    share of one GPU (``gpu: 0.5``) or for whole GPUs (``gpu: 2``), never for 1.5; one
+    that asks for no GPU asks for some CPU (:data:`DEFAULT_CPU` when it names none)."""
 
     name: Name = "worker"
-    count: Count = Field(default=1, ge=1, le=10_000)
-    resources: ResourcesField = Field(default_factory=Resources)
+    count: Count = Field(default=1, ge=1, le=MAX_JOB_REPLICAS)
+    resources: ResourcesField = Field(default_factory=Resources, validate_default=True)
 
-    @model_validator(mode="after")
-    def _whole_gpus_above_one(self) -> ReplicaGroup:
-        gpu = self.resources.get(GPU, 0)
+    @field_validator("resources")
+    @classmethod
+    def _possible(cls, resources: Resources) -> Resources:
+        gpu = resources.get(GPU, 0)
         if gpu > MILLI and gpu % MILLI:
             raise ValueError(
-                f"resources.gpu {gpu / MILLI:g} is not possible: ask for a share "
+                f"gpu {gpu / MILLI:g} is not possible: ask for a share "
                 "of one GPU (at most 1, e.g. 0.5) or for whole GPUs (e.g. 1 or 2)"
             )
-        return self
+        if gpu:
+            return resources
+        if CPU not in resources:
+            return Resources({**resources, CPU: DEFAULT_CPU})
+        if not resources[CPU]:
+            raise ValueError(
+                "a replica that asks for no GPU must ask for some cpu (e.g. cpu: 1 or "
+                "cpu: 500m); leave cpu out to ask for 1"
+            )
+        return resources
 
 
 RESERVED_TARGET = "/allotment"
@@ -152,6 +169,11 @@ class JobSpec(Model):
         names = [g.name for g in self.replicas]
         if len(set(names)) != len(names):
             raise ValueError("replica group names must be unique")
+        if self.replica_count > MAX_JOB_REPLICAS:
+            raise ValueError(
+                f"a job has at most {MAX_JOB_REPLICAS:,} replicas in all; this one has "
+                f"{self.replica_count:,}"
+            )
         if (
             self.max_runtime is not None
             and self.expected_runtime is not None

@@ -437,6 +437,17 @@ def check_job(
                     ),
                 )
             )
+    most = queue.max_job_replicas
+    if job.replica_count > most:
+        issues.append(
+            Issue(
+                path="replicas",
+                message=(
+                    f"queue {queue.name} accepts jobs of up to {most:,} replicas; this job "
+                    f"has {job.replica_count:,}"
+                ),
+            )
+        )
     limit = queue.spec.max_job
     if limit is not None:
         total = job.total_resources()

@@ -1,8 +1,9 @@
 """Gates: what keeps a job from being tried at all, before quota and placement.
 
 An unknown or disallowed priority class, fractional GPUs above one, a retry back-off, no
-open pool, a job larger than the queue's ``max_job``, than any node, or than the queue's
-quota could ever allow. A gated job waits with its reason and does not hold up its queue.
+open pool, a job larger than the queue's ``max_job`` or ``max_job_replicas``, than any
+node, or than the queue's quota could ever allow. A gated job waits with its reason and
+does not hold up its queue.
 """
 
 from __future__ import annotations
@@ -98,6 +99,18 @@ class Gates:
                     f"none of the pools asked for ({asked}) is open to queue {queue.name};"
                     f" open pools: {', '.join(open_pools) or 'none'}",
                     {"queue": queue.name, "pools": list(job.pools), "allowed": open_pools},
+                ),
+                klass,
+                [],
+            )
+        most = queue.max_job_replicas
+        if job.replica_count > most:
+            return (
+                Reason(
+                    ReasonCode.EXCEEDS_QUEUE_LIMIT,
+                    f"queue {queue.name} accepts jobs of up to {most:,} replicas; this job "
+                    f"has {job.replica_count:,}",
+                    {"queue": queue.name, "max_job_replicas": most},
                 ),
                 klass,
                 [],
