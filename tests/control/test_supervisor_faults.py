@@ -12,6 +12,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from allotment.api import explain
 from allotment.domain.lifecycle import JobState as S
 from allotment.store.jobs import cancel_job, events_for, get_job
 from tests.control.conftest import (
@@ -93,6 +94,11 @@ def test_fault_a_command_that_does_not_exist_says_why_in_events_and_logs(
     with sessions() as db:
         [ended] = [e for e in events_for(db, job_id) if e.to_state == S.FAILED.value]
     assert "exit code 127" in ended.message
+    with sessions() as db:
+        assert get_job(db, job_id).failure_class == "launch"
+        why = explain.why(db, loop.cluster, job_id, now=time.time())
+    assert why.reason is not None and why.reason.code == "launch"
+    assert "could not start the command" in why.reason.message
     assert "could not start the command" in ended.message and "allotment-train" in ended.message
     [err] = (tmp_path / "work").glob(f"me/{job_id}/1/logs/worker-0.err")
     assert "could not start the command" in err.read_text()

@@ -18,14 +18,14 @@ from allotment.control.allocations import placements_from_json
 from allotment.control.layout import replica_name
 from allotment.control.views import snapshot_from_store
 from allotment.domain.cluster import Cluster
-from allotment.domain.lifecycle import JobState
+from allotment.domain.lifecycle import ACTIVE, WAITING, JobState
 from allotment.domain.resources import GPU, MILLI
 from allotment.scheduler.cycle import schedule_once
 from allotment.scheduler.decisions import Decisions
 from allotment.scheduler.eta import estimate_starts
 from allotment.scheduler.ordering import UNKNOWN_VALUE
 from allotment.scheduler.snapshot import PendingJob, RunningJob, SchedulerPolicy, Snapshot
-from allotment.store.jobs import get_job
+from allotment.store.jobs import events_for, get_job
 from allotment.store.models import Attempt, Job
 
 MAX_HOLDERS = 50
@@ -70,7 +70,7 @@ def why(
         return schemas.WhyOut(
             job=job.id,
             state=state.value,
-            reason=None,
+            reason=_ending(db, job),
             position=None,
             estimated_start=None,
             holders=[],
@@ -101,6 +101,16 @@ def why(
         estimated_start=iso_utc(estimate),
         holders=_holders(snapshot, set(pools), cluster, tenant),
     )
+
+
+def _ending(db: DbSession, job: Job) -> schemas.WhyReason | None:
+    """How an ended job ended: its failure class and the message of the event that
+    ended it (``None`` for a job that has not ended or succeeded)."""
+    if job.failure_class is None or JobState(job.state) in WAITING | ACTIVE:
+        return None
+    ended = [e for e in events_for(db, job.id) if e.to_state == job.state]
+    message = ended[-1].message if ended else ""
+    return schemas.WhyReason(code=job.failure_class, message=message or "", detail={})
 
 
 def _reason(job: Job, decisions: Decisions) -> schemas.WhyReason | None:

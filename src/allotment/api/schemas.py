@@ -157,9 +157,10 @@ class WhyReason(Output):
 
 
 class WhyOut(Output):
-    """``allot why JOB -o json`` (the README's "HTTP API"); ``reason``, ``position`` and
-    ``estimated_start`` are null unless the job is pending; ``placement`` is set while it
-    holds an allocation."""
+    """``allot why JOB -o json`` (the README's "HTTP API"); ``position`` and
+    ``estimated_start`` are null unless the job is pending, ``reason`` unless it is
+    pending or ended without success (then its failure class and the ending event's
+    message); ``placement`` is set while it holds an allocation."""
 
     job: str
     state: str

@@ -34,6 +34,8 @@ class FailureClass(StrEnum):
     USER_CODE = "user_code"
     OOM = "oom"
     IMAGE = "image"
+    LAUNCH = "launch"
+    """The command could not be started (no such program, not executable)."""
     RESOURCES = "resources"
     NODE_FAILURE = "node_failure"
     DATA_ACCESS = "data_access"

@@ -127,6 +127,9 @@ class ReplicaStatus:
     """It ended after :meth:`Executor.stop`."""
     image_error: bool = False
     """Its image could not be found, pulled or started (failure class ``image``)."""
+    start_error: bool = False
+    """Its command could not be started: no such program, not executable (failure class
+    ``launch``)."""
     lingering: bool = False
     """``lost``, yet processes of it still run (its supervisor died, its program did
     not): it must be stopped, and its devices stay taken until it is gone."""

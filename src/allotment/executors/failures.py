@@ -19,8 +19,8 @@ def classify(
 
     ``timed_out``, ``preempted`` and ``oom`` add what the caller knows to what the status
     says (the status's own ``timed_out`` and ``oom`` count too). Precedence: preempted
-    (we stopped it to preempt) → timeout → image → lost (``node_failure``) → oom → exit code or
-    signal (``user_code``). Raises ``ValueError`` for a replica that has not ended.
+    (we stopped it to preempt) → timeout → image → launch → lost (``node_failure``) → oom
+    → exit code or signal (``user_code``). Raises ``ValueError`` for a replica that has not ended.
     """
     if not status.over:
         raise ValueError(f"replica has not ended (phase {status.phase})")
@@ -30,6 +30,8 @@ def classify(
         return FailureClass.TIMEOUT
     if status.image_error:
         return FailureClass.IMAGE
+    if status.start_error:
+        return FailureClass.LAUNCH
     if status.phase is ReplicaPhase.LOST:
         return FailureClass.NODE_FAILURE
     oom = oom or status.oom

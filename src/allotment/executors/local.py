@@ -454,6 +454,7 @@ class LocalExecutor(Executor):
                 oom=bool(state.get("oom", False)),
                 timed_out=bool(state.get("timed_out", False)),
                 image_error=bool(state.get("image_error", False)),
+                start_error=bool(state.get("start_error", False)),
                 **common,
             )
         supervisor = self._supervisor_pid(directory, state)

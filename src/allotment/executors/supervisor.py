@@ -24,7 +24,9 @@ for (and pulled when the runtime allows); a missing image ends the replica with
 start the container (exit status 125, 126 or 127 from a container that never ran). A
 stop is forwarded to the container by Podman; the SIGKILL after the grace goes to the
 container too (``podman kill``), and the container is removed once it ended (after its
-state and ``OOMKilled`` flag were read).
+state and ``OOMKilled`` flag were read). A plain command that cannot be started (no such
+program, not executable) ends with ``start_error`` and exit code 127 (failure class
+``launch``), its reason in ``detail`` and in the stderr log.
 
 Limits of plain processes: memory is enforced with ``RLIMIT_AS`` on replicas without
 GPUs (CUDA reserves large virtual address ranges, so an address-space limit would break
@@ -275,7 +277,8 @@ class _Supervisor:
             detail = f"could not start the command: {exc}"
             with contextlib.suppress(OSError), stderr_path.open("a") as note:
                 note.write(f"allotment: {detail}\n")  # so that allot logs says why
-            self.save(started_at=time.time(), ended_at=time.time(), exit_code=127, detail=detail)
+            now = time.time()
+            self.save(started_at=now, ended_at=now, exit_code=127, start_error=True, detail=detail)
             return 0
         self.save(
             pid=child.pid,
