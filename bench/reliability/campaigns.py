@@ -206,7 +206,7 @@ def supervisor_kills(root: Path, store: str, seconds: float, seed: int = 3) -> F
     """SIGKILL a random running replica's supervisor every 0.5 to 2 s, while jobs of
     1.5 to 4 s are submitted 2 to 4 times a second. A job so hit is retried once."""
     rng = random.Random(seed)
-    figures = Figures("supervisor_kills", store)
+    figures = Figures("supervisor_kills", store, jobs_may_fail=True)
     with deployment(root, store) as deployed:
         deployed.start()
         submitter = Submitter(deployed, rng.randrange(2**32), (1.5, 4.0))

@@ -151,6 +151,9 @@ class Figures:
     """Answers of 500 or more."""
     bad_answers: int = 0
     """Bad requests answered with anything but a 4xx."""
+    jobs_may_fail: bool = False
+    """Whether the faults hit jobs themselves (supervisor kills); otherwise every
+    acknowledged job must succeed at its first attempt."""
     leaderships: int = 0
     """Times a server took the lead (failover)."""
     states: dict[str, int] = field(default_factory=dict)
@@ -160,9 +163,14 @@ class Figures:
     @property
     def clean(self) -> bool:
         """Nothing lost, stored twice, run twice or double-booked; nothing stuck; no 5xx
-        and every bad request refused."""
+        and every bad request refused; and, unless the faults hit jobs, every job
+        succeeded at its first attempt."""
+        hurt = not self.jobs_may_fail and (
+            self.retried or self.states.get("succeeded", 0) != self.acknowledged
+        )
         return not (
-            self.lost
+            hurt
+            or self.lost
             or self.duplicated
             or self.double_run
             or self.double_booked_device_s

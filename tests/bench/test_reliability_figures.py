@@ -60,3 +60,12 @@ def test_reliab_the_recorder_writes_what_it_ran(tmp_path: Path) -> None:
     assert (recorded.job, recorded.attempt, recorded.devices) == ("j-9", 2, ("1", "3"))
     assert recorded.done and recorded.last - recorded.start >= 0.25
     assert json.loads(next(tmp_path.glob("*.json")).read_text())["pid"] == recorded.pid
+
+
+def test_reliab_a_retry_is_unclean_unless_the_faults_hit_jobs() -> None:
+    acknowledged = {"x": "j-1"}
+    stored = [{"id": "j-1", "name": "x", "state": "succeeded", "attempt": 2}]
+    runs = [run("j-1", 0, 1, attempt=1), run("j-1", 2, 3, attempt=2)]
+    assert not tally(Figures("crash_loop", "sqlite"), acknowledged, stored, runs).clean
+    hit = Figures("supervisor_kills", "sqlite", jobs_may_fail=True)
+    assert tally(hit, acknowledged, stored, runs).clean
