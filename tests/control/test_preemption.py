@@ -113,3 +113,27 @@ def test_a_victim_cancelled_before_its_requeue_stays_cancelled(
     assert transitions(sessions, borrower)[-2:] == ["preempted", "cancelled"]
     assert borrower not in loop.session.running
     assert loop.session.pending_job(borrower) is None
+
+
+def test_a_preemptor_waits_for_preemption_naming_its_victim_all_through_the_grace(
+    make_loop: MakeLoop, sessions: sessionmaker[Session], submit: Submit
+) -> None:
+    loop = make_loop()  # stop_grace_s=1; the victim ignores SIGTERM, so it takes it all
+    borrower = start_borrower(loop, sessions, submit, "ignore")
+    owner = submit("print('mine')")
+    [preemption] = loop.cycle().preemptions
+    assert preemption.job == owner
+    seen = []
+    deadline = time.monotonic() + 10
+    while attempts(sessions, borrower)[0].end_time is None:
+        assert time.monotonic() < deadline, "the victim was not stopped"
+        loop.observe()
+        decisions = loop.cycle()
+        if owner in decisions.waiting:
+            seen.append(decisions.waiting[owner])
+        time.sleep(0.1)
+    assert len(seen) >= 3  # several cycles within the grace
+    for reason in seen:
+        assert reason.code.value == "waiting_for_preemption", reason
+        assert reason.detail["victims"] == [borrower]
+    assert run_until(loop, sessions, owner, {S.SUCCEEDED, S.FAILED}) is S.SUCCEEDED

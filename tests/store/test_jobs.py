@@ -367,3 +367,22 @@ def test_transition_of_a_row_the_caller_holds(sessions: sessionmaker[Session]) -
     with sessions() as session:
         assert get_job(session, "j-1").state == "pending"
         assert [e.to_state for e in events_for(session, "j-1")] == ["submitted", "pending"]
+
+
+def test_a_job_that_stops_waiting_drops_its_reason_and_gets_a_new_one_when_requeued(
+    sessions: sessionmaker[Session],
+) -> None:
+    submit(sessions, "j-1")
+    move(sessions, "j-1", JobState.PENDING, T0)
+    with sessions.begin() as session:
+        record_reason(session, "j-1", Reason(ReasonCode.NO_NODE_FITS, "no room"), at=T0 + 1)
+        transition_job(session, "j-1", JobState.ADMITTED, at=T0 + 2, message="admitted")
+    with sessions() as session:
+        job = get_job(session, "j-1")
+        assert (job.reason_code, job.reason_message, job.reason_since) == (None, None, None)
+        assert job.reason_detail is None
+    with sessions.begin() as session:
+        transition_job(session, "j-1", JobState.PENDING, at=T0 + 3, message="withdrawn")
+        assert record_reason(session, "j-1", Reason(ReasonCode.NO_NODE_FITS, "no room"), at=T0 + 4)
+    with sessions() as session:
+        assert get_job(session, "j-1").reason_since == T0 + 4

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +115,6 @@ class ControlLoop:
         self.on_cluster = on_cluster
         """Told the cluster whenever the executor's nodes change it."""
         self._session: Session | None = None
-        self._nominated: set[str] = set()
         self._stop_sent: set[str] = set()
         """Jobs whose replicas this loop has asked to stop (until their attempt closes)."""
         self.orphans = OrphanTracker(policy=lambda: self.cluster.source.orphans)
@@ -147,7 +146,6 @@ class ControlLoop:
                 if job.id not in session.running:
                     session.submit(self._pending(job))
         self._session = session
-        self._nominated.clear()
         self._reasons.clear()
         return session
 
@@ -164,11 +162,6 @@ class ControlLoop:
         now = self.clock()
         self._sync_pending(session)
         decisions = session.cycle(now)
-        for job_id in self._nominated:
-            waiting = session.pending_job(job_id)
-            if waiting is not None and waiting.preempting:
-                session.update(replace(waiting, preempting=()))
-        self._nominated.clear()
         victims: list[str] = []
         withdrawn: list[str] = []
         try:
@@ -226,12 +219,6 @@ class ControlLoop:
             raise
         for job_id in withdrawn:
             session.gone(job_id)  # its admission is void: the resources are free again
-        for preempt in decisions.preemptions:
-            waiting = session.pending_job(preempt.job)
-            if waiting is not None:
-                ids = tuple(v.job for v in preempt.victims)
-                session.update(replace(waiting, preempting=ids))
-                self._nominated.add(preempt.job)
         for job_id in victims:
             session.stopping(job_id)
         self._stop_jobs(victims)

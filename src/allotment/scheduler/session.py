@@ -9,12 +9,14 @@ the same code; the session stays pure (no clock, no I/O): ``now`` is an argument
 
 After :meth:`Session.cycle`, admitted jobs are running in the session (their resources
 held); victims of preemption are untouched: the caller reports them with
-:meth:`Session.stopping` and :meth:`Session.gone` as they stop.
+:meth:`Session.stopping` and :meth:`Session.gone` as they stop. Meanwhile their preemptor
+is *nominated* (:func:`carry_nominations`): it keeps the capacity they free and waits
+with ``waiting_for_preemption``, and once they are gone it is tried before anyone else.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 from allotment.domain.cluster import Cluster, Node
@@ -25,6 +27,33 @@ from allotment.scheduler.lines import SortedLine
 from allotment.scheduler.ordering import UNKNOWN_VALUE
 from allotment.scheduler.snapshot import PendingJob, RunningJob, SchedulerPolicy, Snapshot
 from allotment.scheduler.state import CycleState
+
+
+def carry_nominations(
+    decisions: Decisions,
+    had_turn: Iterable[PendingJob],
+    pending_job: Callable[[str], PendingJob | None],
+    update: Callable[[PendingJob], None],
+) -> None:
+    """The preemptor-nomination protocol, after a cycle. A preemptor whose victims were
+    all gone when the cycle began (``had_turn``) has had its turn first and competes like
+    any job from now on; a job that preempted in this cycle is nominated: it ``preempting``
+    its victims until they are gone, however long their grace period."""
+    for job in had_turn:
+        waiting = pending_job(job.id)
+        if waiting is not None and waiting.preempting:
+            update(replace(waiting, preempting=()))
+    for preempt in decisions.preemptions:
+        waiting = pending_job(preempt.job)
+        if waiting is not None:
+            update(replace(waiting, preempting=tuple(v.job for v in preempt.victims)))
+
+
+def victims_gone(
+    preemptors: Iterable[PendingJob], running: Mapping[str, object]
+) -> list[PendingJob]:
+    """The preemptors none of whose victims still hold resources."""
+    return [j for j in preemptors if not any(v in running for v in j.preempting)]
 
 
 class Session:
@@ -161,6 +190,7 @@ class Session:
         if now < self.state.now:
             raise ValueError(f"time went backwards: {now} < {self.state.now}")
         self.state.begin(now)
+        had_turn = victims_gone(self._preemptors.values(), self.running)
         decisions = run_cycle(
             self.state,
             self._lines,
@@ -179,6 +209,7 @@ class Session:
                 jobs[job.id] = job
         for admit in decisions.admitted:
             self.running[admit.job] = admit.running(jobs[admit.job], at=now)
+        carry_nominations(decisions, had_turn, self.pending_job, self.update)
         return decisions
 
     def waiting_shapes(self, per_queue: int = 64) -> list[dict[str, int]]:

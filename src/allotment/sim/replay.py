@@ -32,14 +32,14 @@ import heapq
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from allotment.domain.cluster import Cluster
 from allotment.domain.errors import AllotmentError
 from allotment.domain.resources import CPU, GPU, MEMORY
 from allotment.scheduler.decisions import Admit, Decisions
 from allotment.scheduler.forecast import RuntimeHistory, forecast_start
-from allotment.scheduler.session import Session
+from allotment.scheduler.session import Session, carry_nominations, victims_gone
 from allotment.scheduler.snapshot import (
     PendingJob,
     ReplicaRequest,
@@ -103,6 +103,8 @@ class _SnapshotCore:
         return self.running.pop(job_id, None)
 
     def cycle(self, now: float, *, explain: bool = True) -> Decisions:
+        preemptors = (j for j in self.pending.values() if j.preempting)
+        had_turn = victims_gone(preemptors, self.running)
         decisions = self.schedule(
             Snapshot(
                 now=now,
@@ -118,6 +120,7 @@ class _SnapshotCore:
                 state = "running" if admit.job in self.running else "not pending"
                 raise ReplayError(f"the scheduler admitted job {admit.job}, which is {state}")
             self.running[job.id] = admit.running(job, at=now)
+        carry_nominations(decisions, had_turn, self.pending_job, self.update)
         return decisions
 
 
@@ -228,7 +231,6 @@ class Replay:
         self._fragment_at = -math.inf
         span = (self.arrivals[-1][0] - self.arrivals[0][0]) if self.arrivals else 0.0
         self._fragment_every = max(1.0, span / 2_000)
-        self._nominated: set[str] = set()
         self._owed: dict[str, float] = {}
         self._last_instant = 0.0
         schedule = scheduler if scheduler is not None else default_scheduler()
@@ -309,23 +311,12 @@ class Replay:
             decisions = core.cycle(now, explain=False)
             self.scheduler_s += time.perf_counter() - began
             self.cycles += 1
-            # A job nominated by the cycle before has had its turn first in this one.
-            for job_id in self._nominated:
-                waiting = core.pending_job(job_id)
-                if waiting is not None and waiting.preempting:
-                    core.update(replace(waiting, preempting=()))
-            self._nominated.clear()
+            # As in the live system, the core nominates each preemptor: the next cycle
+            # tries it before anyone else, on the capacity its victims freed.
             preempted = False
             for preempt in decisions.preemptions:
                 for victim in preempt.victims:
                     preempted = self._preempt(victim.job, now) or preempted
-                # As in the live system, the preemptor is nominated: the next cycle tries
-                # it before anyone else, on the capacity its victims freed.
-                waiting = core.pending_job(preempt.job)
-                if waiting is not None:
-                    victims = tuple(v.job for v in preempt.victims)
-                    core.update(replace(waiting, preempting=victims))
-                    self._nominated.add(preempt.job)
             for admit in decisions.admitted:
                 self._start(admit, now)
             if decisions.next_wakeup is not None:

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from allotment.domain.errors import AlreadyEnded, NotFound
 from allotment.domain.job import JobSpec
-from allotment.domain.lifecycle import ALLOWED, FailureClass, JobState, transition
+from allotment.domain.lifecycle import ALLOWED, WAITING, FailureClass, JobState, transition
 from allotment.domain.reasons import Reason
 from allotment.store.models import Attempt, Event, Job
 
@@ -138,6 +138,9 @@ def transition_job(
     job.state = move.target.value
     job.failure_class = move.failure.value if move.failure is not None else None
     job.updated_at = at
+    if move.target not in WAITING:
+        # A reason says why a job waits: one that no longer waits has none.
+        job.reason_code = job.reason_message = job.reason_detail = job.reason_since = None
     event_detail = dict(move.detail)
     session.add(
         Event(
