@@ -137,7 +137,8 @@ def test_fault_fractional_gpus_above_one_and_boolean_counts_are_a_422(
 def test_fault_a_share_of_one_gpu_or_whole_gpus_are_accepted(
     client: AllotmentClient, gpu: str
 ) -> None:
-    submitted = client.submit(replicas(f"{{name: w, count: 2, resources: {{gpu: {gpu}}}}}"))
+    # One replica: the example cluster has one node of two GPUs.
+    submitted = client.submit(replicas(f"{{name: w, count: 1, resources: {{gpu: {gpu}}}}}"))
     assert submitted["state"] == "pending"
 
 
@@ -145,3 +146,22 @@ def test_fault_a_boolean_service_port_is_a_422(client: AllotmentClient) -> None:
     service = "type: service\nservice: {port: true}\n"
     err = refused(client, replicas("{name: w, resources: {gpu: 1}}") + service)
     assert "port" in err.message and "boolean" in err.message
+
+
+@pytest.mark.parametrize(
+    ("group", "said"),
+    [
+        (
+            "{name: w, count: 3, resources: {gpu: 1}}",
+            "the job's 3 replicas can never all run at once on the nodes of pool local",
+        ),
+        ("{name: w, count: 1, resources: {gpu: 4}}", "more than any node of pool local has"),
+        ("{name: w, count: 1, resources: {cpu: 9}}", "asks for 9 cpu"),
+    ],
+)
+def test_fault_a_job_that_could_never_fit_the_fleet_is_a_422_naming_the_largest_node(
+    client: AllotmentClient, group: str, said: str
+) -> None:
+    err = refused(client, replicas(group))
+    assert err.status == 422 and said in err.message, err.message
+    assert "the largest node, localhost, has 8 cpu, 2 gpu, 16Gi memory" in err.message

@@ -30,7 +30,8 @@ from allotment.domain.lifecycle import JobState
 from allotment.domain.loading import check_job, load_cluster_text, load_job_text
 from allotment.domain.scopes import check_mounts
 from allotment.domain.tenancy import DEFAULT_TENANT
-from allotment.scheduler.snapshot import SchedulerPolicy
+from allotment.scheduler.fleet import FleetFit
+from allotment.scheduler.snapshot import ReplicaRequest, SchedulerPolicy
 from allotment.store import configs as config_store
 from allotment.store import idempotency
 from allotment.store import jobs as job_store
@@ -137,6 +138,7 @@ class JobService:
         self.work_root = work_root
         self.policy = policy
         self._apply_lock = threading.RLock()
+        self._fleet: FleetFit | None = None
 
     def submit(
         self,
@@ -239,9 +241,27 @@ class JobService:
         tenant = queue.tenant or DEFAULT_TENANT
         check_data_scopes(spec, self.cluster, tenant)
         check_execution(spec, self.cluster, queue, tenant, source=source)
+        self._check_fits(spec, queue, source)
         priority = self.cluster.priority_class_for(queue, spec.priority_class)
         assert priority is not None  # check_job reported otherwise
         return spec, queue, priority
+
+    def _check_fits(self, spec: JobSpec, queue: Queue, source: str) -> None:
+        """Refuse a job that could never run: its replicas do not all fit at once on the
+        nodes of any pool it may use, even with every node empty."""
+        cluster = self.cluster
+        fleet = self._fleet
+        if fleet is None or fleet.cluster is not cluster:
+            fleet = self._fleet = FleetFit(cluster)
+        open_pools = cluster.allowed_pools(queue)
+        pools = [p for p in spec.pools if p in open_pools] if spec.pools else open_pools
+        replicas = [
+            ReplicaRequest(name=g.name, count=g.count, resources=g.resources.as_dict())
+            for g in spec.replicas
+        ]
+        problem = fleet.problem(replicas, pools)
+        if problem is not None:
+            raise ConfigError([Issue(path="replicas", message=problem)], source=source)
 
     def _store(
         self, session: Session, checked: tuple[JobSpec, Queue, PriorityClass], user: str, now: float

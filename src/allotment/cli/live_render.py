@@ -173,7 +173,11 @@ def why_view(data: Mapping[str, Any]) -> RenderableType:
         if parts:
             lines.append(Text.assemble(("position: ", "bold"), ", ".join(parts)))
     if data["state"] == "pending":
-        start = data.get("estimated_start") or "unknown (a job it waits for has no runtime)"
+        start = data.get("estimated_start") or (
+            "none: it cannot run on this cluster as it is"
+            if reason and (reason.get("detail") or {}).get("permanent")
+            else "unknown (a job it waits for has no runtime)"
+        )
         lines.append(Text.assemble(("estimated start: ", "bold"), start))
     placement = data.get("placement")
     if placement:
