@@ -3,11 +3,14 @@ node has; one that could (in some acceptable pool) is not refused."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from allotment.domain.loading import load_cluster_text
 from allotment.domain.resources import Resources
 from allotment.scheduler.fleet import FleetFit
 from allotment.scheduler.snapshot import ReplicaRequest
 
-from .builders import ClusterBuilder
+from .builders import ClusterBuilder, cycle, job
 
 
 def group(count: int, **units: object) -> ReplicaRequest:
@@ -53,3 +56,37 @@ def test_groups_that_fit_alone_but_not_together_are_refused() -> None:
 
 def test_pools_without_nodes_refuse_nothing() -> None:
     assert fleet().problem([group(100, gpu=8)], ["elsewhere"]) is None
+
+
+def test_gpu_memory_is_checked_per_device_not_against_the_node_total() -> None:
+    cluster = load_cluster_text(
+        "pools: [{name: p}]\n"
+        "nodes: [{name: n, pool: p, capacity: {gpu: 2, gpu_memory: 160Gi, cpu: 32}}]\n"
+        "queues: [{name: a}]\n",
+        source="test",
+    )
+    fit = FleetFit(cluster)
+    problem = fit.problem([group(1, gpu=1, gpu_memory="100Gi")], ["p"])
+    assert problem is not None and "more than any node of pool p has" in problem
+    assert fit.problem([group(1, gpu=2, gpu_memory="100Gi")], ["p"]) is None  # 2 x 80Gi
+    assert fit.problem([group(1, gpu=1, gpu_memory="80Gi")], ["p"]) is None
+    assert fit.problem([group(1, gpu=0.5, gpu_memory="81Gi")], ["p"]) is not None
+
+
+def test_the_scheduler_places_gpu_memory_on_a_node_whose_devices_hold_it() -> None:
+    cluster = load_cluster_text(
+        "pools: [{name: p}]\n"
+        "nodes:\n"
+        "  - {name: small, pool: p, capacity: {gpu: 2, gpu_memory: 160Gi, cpu: 32}}\n"
+        "  - {name: large, pool: p, capacity: {gpu: 2, gpu_memory: 240Gi, cpu: 32}}\n"
+        "queues: [{name: a, quota: {p: {gpu: 4}}}]\n",
+        source="test",
+    )
+    wants = replace(job("j", "a", memory="0"), replicas=(group(1, gpu=1, gpu_memory="100Gi"),))
+    decisions = cycle(cluster, [wants])
+    [admitted] = decisions.admitted
+    assert {p.node for p in admitted.placements} == {"large"}
+    too_big = replace(wants, id="k", replicas=(group(1, gpu=1, gpu_memory="121Gi"),))
+    decisions = cycle(cluster, [too_big])
+    assert decisions.waiting["k"].code.value == "no_node_fits"
+    assert decisions.waiting["k"].detail.get("permanent") is True

@@ -176,7 +176,8 @@ class Gates:
             group = job.replicas[0]
             slots = 0
             for node in self.state.placer.by_pool.get(pool, ()):
-                slots += _slots(node.capacity, group.resources)
+                if node.suits(group.resources):
+                    slots += _slots(node.capacity, group.resources)
                 if slots >= group.count:
                     break
             known = self._ever[key] = slots >= group.count

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from allotment.domain.cluster import Node
 from allotment.domain.reasons import Reason, ReasonCode
-from allotment.domain.resources import CPU, GPU, MILLI, format_quantity
+from allotment.domain.resources import CPU, GPU, GPU_MEMORY, MILLI, format_quantity
 from allotment.scheduler.snapshot import ReplicaPlacement, ReplicaRequest
 
 TOPOLOGY_LEVELS = ("rack", "block")
@@ -35,7 +35,16 @@ Replica = tuple[str, int, Mapping[str, int]]
 class NodeState:
     """One schedulable node's free capacity, per-device free milli-GPU included."""
 
-    __slots__ = ("capacity", "device_free", "free", "name", "pool", "topology", "whole_free")
+    __slots__ = (
+        "capacity",
+        "device_free",
+        "device_memory",
+        "free",
+        "name",
+        "pool",
+        "topology",
+        "whole_free",
+    )
 
     def __init__(self, node: Node) -> None:
         self.name = node.name
@@ -46,18 +55,33 @@ class NodeState:
         count = self.capacity.get(GPU, 0) // MILLI
         self.device_free = [MILLI] * count
         self.whole_free = count
+        memory = self.capacity.get(GPU_MEMORY)
+        self.device_memory: int | None = memory // count if memory and count else None
+        """GPU memory of one device (the node's ``gpu_memory`` over its devices)."""
 
     def twin(self) -> NodeState:
         """A copy whose free capacity can change independently."""
         copy = NodeState.__new__(NodeState)
         copy.name, copy.pool, copy.capacity = self.name, self.pool, self.capacity
         copy.topology, copy.whole_free = self.topology, self.whole_free
+        copy.device_memory = self.device_memory
         copy.free = dict(self.free)
         copy.device_free = list(self.device_free)
         return copy
 
     def fits(self, request: Mapping[str, int], claim: Mapping[str, int] | None = None) -> bool:
-        return fits_in(self.free, self.device_free, request, claim, self.whole_free)
+        return self.suits(request) and fits_in(
+            self.free, self.device_free, request, claim, self.whole_free
+        )
+
+    def suits(self, request: Mapping[str, int]) -> bool:
+        """Whether the node's devices are large enough for ``request`` at all: its
+        ``gpu_memory`` must fit on the devices it gets (one device for a share of one),
+        not merely in the node's total."""
+        wanted = request.get(GPU_MEMORY)
+        if not wanted or self.device_memory is None:
+            return True
+        return wanted <= self.device_memory * max(1, request.get(GPU, 0) // MILLI)
 
     def apply(self, placement: ReplicaPlacement, sign: int) -> None:
         """Take (``sign`` -1) or give back (+1) what one replica holds here."""
@@ -156,7 +180,9 @@ class Placer:
     def ever_fits(self, pool: str, request: Mapping[str, int]) -> bool:
         """Whether some node of ``pool`` could hold ``request`` when empty."""
         for state in self.by_pool.get(pool, ()):
-            if all(state.capacity.get(k, 0) >= v for k, v in request.items()):
+            if state.suits(request) and all(
+                state.capacity.get(k, 0) >= v for k, v in request.items()
+            ):
                 return True
         return False
 
@@ -324,6 +350,7 @@ class Placer:
         best: NodeState | None = None
         best_key: tuple[int, int] | None = None
         whole, part = divmod(request.get(GPU, 0), MILLI)
+        sized = GPU_MEMORY in request  # some nodes' devices may be too small for it
         if members is not None or (part and not whole) or scratch:
             pool_states = self.by_pool.get(pool, [])
             looked = (
@@ -338,7 +365,7 @@ class Placer:
                 else:
                     free, devices = changed
                     full = sum(1 for f in devices if f == MILLI)
-                if whole > full:
+                if whole > full or (sized and not state.suits(request)):
                     continue
                 claim = claims.get(state.name) if claims else None
                 if fits_in(free, devices, request, claim, full):
@@ -356,7 +383,7 @@ class Placer:
             if best_key is not None and count >= best_key[0]:
                 break
             for state in buckets[count].values():
-                if state.name in scratch:
+                if state.name in scratch or (sized and not state.suits(request)):
                     continue
                 claim = claims.get(state.name) if claims else None
                 if fits_in(state.free, state.device_free, request, claim, state.whole_free):
