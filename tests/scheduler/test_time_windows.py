@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .builders import NOW, ClusterBuilder, admitted, codes, cycle, job
+from .builders import NOW, ClusterBuilder, admitted, codes, cycle, job, running
 
 NIGHT = [{"days": "mon-fri", "from": "20:00", "to": "08:00"}]
 
@@ -44,3 +44,11 @@ def test_other_queues_unaffected() -> None:
         nightly().build(), [job("n", "night", gpu=1), job("d", "day", gpu=1)], now=noon
     )
     assert admitted(decisions) == ["d"]
+
+
+def test_a_window_gates_starts_only_a_job_started_inside_runs_on_after_it_closes() -> None:
+    noon = NOW + 4 * 3600  # Monday 12:00: the window closed at 08:00
+    started = running("r", "night", "a100-00", gpu=4, start=NOW - 3 * 3600)
+    decisions = cycle(nightly().build(), [job("j", "night", gpu=1)], [started], now=noon)
+    assert decisions.preemptions == []  # nothing is stopped when the window closes
+    assert codes(decisions) == {"j": "outside_time_window"}
