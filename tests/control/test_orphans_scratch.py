@@ -170,6 +170,28 @@ def test_gpu_memory_held_by_no_job_is_reported_and_only_a_provable_orphan_killed
     provable = {e.detail["pid"]: e.detail["provable"] for e in reported}
     assert provable == {left_over.pid: True, foreign.pid: False}
     assert tracker.counts == {"orphan_gpu_process": 2}
+    assert tracker.foreign == {("n", 1)}  # the killed one's device is free again
+
+
+def test_fault_a_device_an_orphan_process_holds_is_given_to_no_job(
+    make_loop: MakeLoop, sessions: sessionmaker[Session], submit: Submit
+) -> None:
+    loop = make_loop()  # one node, localhost, of two GPUs
+    loop.orphans.foreign = frozenset({("localhost", 0)})
+    code = "import os, time; print(os.environ['CUDA_VISIBLE_DEVICES'], flush=True); time.sleep(30)"
+    first, second = submit(code), submit(code)
+    loop.cycle()
+    assert run_until(loop, sessions, first, {S.RUNNING}) is S.RUNNING
+    with sessions() as db:
+        attempt = db.get(Attempt, (first, 1))
+        assert attempt is not None
+        assert [p["devices"] for p in attempt.allocation] == [[1]]
+    for _ in range(3):
+        decisions = loop.cycle()
+    assert state_of(sessions, second) is S.PENDING
+    assert decisions.waiting[second].code.value in {"no_node_fits", "quota_exhausted"}
+    loop.orphans.foreign = frozenset()  # the orphan ended
+    assert run_until(loop, sessions, second, {S.RUNNING}) is S.RUNNING
 
 
 def test_expired_scratch_is_reported_then_deleted_after_the_grace(

@@ -161,6 +161,7 @@ class ControlLoop:
         session = self.session
         now = self.clock()
         self._sync_pending(session)
+        session.occupy(self.orphans.foreign)  # devices orphan processes hold
         decisions = session.cycle(now)
         victims: list[str] = []
         withdrawn: list[str] = []

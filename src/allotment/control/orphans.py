@@ -109,6 +109,9 @@ class OrphanTracker:
     counts: dict[str, int] = field(default_factory=dict)
     _reported: set[str] = field(default_factory=set)
     """Orphans reported and still seen (one gone is forgotten: memory stays bounded)."""
+    foreign: frozenset[tuple[str, int]] = frozenset()
+    """The devices (node, index) that the last pass found held by a process no running
+    replica owns and that it did not kill: the control loop gives them to no job."""
     _previous_replicas: set[ReplicaKey] = field(default_factory=set)
     _previous_pids: set[int] = field(default_factory=set)
 
@@ -177,12 +180,15 @@ class OrphanTracker:
         env_of: Callable[[int], dict[str, str] | None] = environment,
     ) -> list[int]:
         """Report GPU processes no running replica owns; under ``kill``, kill those
-        provably left by an ended Allotment attempt. Returns the pids killed."""
+        provably left by an ended Allotment attempt. Returns the pids killed; the devices
+        the others hold become :attr:`foreign`."""
         held: dict[int, list[str]] = {}
+        places: dict[int, list[tuple[str, int]]] = {}
         for reading in readings:
             for pid in reading.pids or ():
                 if pid not in owned:
                     held.setdefault(pid, []).append(f"{reading.node}/{reading.device}")
+                    places.setdefault(pid, []).append((reading.node, reading.device))
         confirmed = set(held) & self._previous_pids
         self._forget({f"gpu-pid:{pid}" for pid in self._previous_pids - set(held)})
         self._previous_pids = set(held)
@@ -225,6 +231,7 @@ class OrphanTracker:
                 self.kill(pid)
                 killed.append(pid)
                 log.warning("killed orphan GPU process %d of %s attempt %s", pid, job_id, attempt)
+        self.foreign = frozenset(d for pid, ds in places.items() if pid not in killed for d in ds)
         return killed
 
 

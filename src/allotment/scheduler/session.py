@@ -25,7 +25,13 @@ from allotment.scheduler.cycle import run_cycle
 from allotment.scheduler.decisions import Decisions
 from allotment.scheduler.lines import SortedLine
 from allotment.scheduler.ordering import UNKNOWN_VALUE
-from allotment.scheduler.snapshot import PendingJob, RunningJob, SchedulerPolicy, Snapshot
+from allotment.scheduler.snapshot import (
+    PendingJob,
+    ReplicaPlacement,
+    RunningJob,
+    SchedulerPolicy,
+    Snapshot,
+)
 from allotment.scheduler.state import CycleState
 
 
@@ -76,6 +82,7 @@ class Session:
         self._lines: dict[str, SortedLine] = {}
         self._queue_of: dict[str, str] = {}
         self._preemptors: dict[str, PendingJob] = {}
+        self._occupied: dict[tuple[str, int], ReplicaPlacement] = {}
         self._classes = {name: c.value for name, c in cluster.priority_classes.items()}
         self._arrivals = 0
 
@@ -173,6 +180,23 @@ class Session:
             return False
         self.running[job_id] = replace(job, terminating=True)
         return self.state.mark_terminating(job_id)
+
+    def occupy(self, devices: Iterable[tuple[str, int]]) -> None:
+        """The GPU devices (node, index) that something outside Allotment holds now (an
+        orphan process): none of them is given to a job until it is free again. Replaces
+        the last call's set; a device a job holds is left to the job."""
+        wanted = set(devices)
+        for key in [k for k in self._occupied if k not in wanted]:
+            self.state.vacate(self._occupied.pop(key))
+        for node, device in sorted(wanted - set(self._occupied)):
+            taken = self.state.occupy(node, device)
+            if taken is not None:
+                self._occupied[(node, device)] = taken
+
+    @property
+    def occupied(self) -> frozenset[tuple[str, int]]:
+        """The devices :meth:`occupy` keeps from jobs."""
+        return frozenset(self._occupied)
 
     def gone(self, job_id: str) -> RunningJob | None:
         """A running job ended (or was stopped): its resources are free."""

@@ -12,9 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from allotment.domain.cluster import Cluster, Node, PriorityClass
+from allotment.domain.resources import GPU, MILLI
 from allotment.scheduler.placement import Placer
 from allotment.scheduler.quota import QuotaTree
 from allotment.scheduler.snapshot import ReplicaPlacement, RunningJob, SchedulerPolicy, Snapshot
+
+FOREIGN = "foreign"
+"""The group name of a device taken by something outside Allotment (:meth:`occupy`)."""
 
 _LOWEST = PriorityClass(name="unknown", value=-1_000_000)
 
@@ -138,6 +142,29 @@ class CycleState:
         self._bump(self.changed, holder.pool)
         self._bump(self.released, holder.pool)
         return holder
+
+    def occupy(self, node: str, device: int) -> ReplicaPlacement | None:
+        """Take one whole free device away from every job (something outside Allotment
+        holds it); the placement that took it, or None when it was not free."""
+        state = self.placer.nodes.get(node)
+        if state is None or device >= len(state.device_free):
+            return None
+        if state.device_free[device] != MILLI:
+            return None
+        taken = ReplicaPlacement(
+            group=FOREIGN, index=device, node=node, resources={GPU: MILLI}, devices=(device,)
+        )
+        self.placer.allocate([taken])
+        self._bump(self.changed, state.pool)
+        return taken
+
+    def vacate(self, taken: ReplicaPlacement) -> None:
+        """Give back a device :meth:`occupy` took."""
+        state = self.placer.nodes.get(taken.node)
+        self.placer.release([taken])
+        if state is not None:
+            self._bump(self.changed, state.pool)
+            self._bump(self.released, state.pool)
 
     def mark_terminating(self, job_id: str) -> bool:
         """A running job is being stopped; it holds its resources until it is gone."""
