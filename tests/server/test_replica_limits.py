@@ -46,13 +46,16 @@ def test_fault_replicas_without_resources_are_bounded_by_cpus_and_the_queue(up: 
         assert len(waiting) == 2
         assert client.why(waiting[0])["reason"]["code"] in {"no_node_fits", "quota_exhausted"}
 
-        # Thirty empty replicas in one job are 30 CPUs: more than the node has.
-        gang = client.submit(
-            "name: gang\nqueue: default\ncommand: [sleep, '1']\nreplicas: [{count: 30}]\n"
-        )
-        assert gang["spec"]["replicas"][0]["resources"] == {"cpu": "1"}
-        time.sleep(1.0)
-        assert client.get_job(gang["id"])["state"] == "pending"
+        # Thirty empty replicas in one job are 30 CPUs: more than the node has, ever.
+        with pytest.raises(ClientError) as never:
+            client.submit(
+                "name: gang\nqueue: default\ncommand: [sleep, '1']\nreplicas: [{count: 30}]\n"
+            )
+        assert never.value.status == 422
+        assert "30 replicas can never all run at once" in f"{never.value}"
+        assert client.submit(
+            "name: pair\nqueue: default\ncommand: [sleep, '1']\nreplicas: [{count: 2}]\n"
+        )["spec"]["replicas"][0]["resources"] == {"cpu": "1"}
 
         with pytest.raises(ClientError) as refused:
             client.submit('name: wide\nqueue: batch\ncommand: ["true"]\nreplicas: [{count: 5}]\n')
@@ -66,6 +69,6 @@ def test_fault_replicas_without_resources_are_bounded_by_cpus_and_the_queue(up: 
         assert "must ask for some cpu" in f"{zero.value} {zero.value.fields}"
         # Nothing refused was stored.
         names = {j["name"] for j in client.list_jobs()["jobs"]}
-        assert names == {f"s{i}" for i in range(10)} | {"gang"}
+        assert names == {f"s{i}" for i in range(10)} | {"pair"}
         for job_id in ids:
             client.cancel(job_id)

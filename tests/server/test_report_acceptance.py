@@ -84,8 +84,8 @@ def test_the_last_day_per_tenant_adds_up_to_the_jobs(up: Up) -> None:
 
     # Hand-computed from the store: GPUs x held hours (up to the report's end) x price.
     with sessions() as db:
-        held = {
-            a.job_id: (
+        held = {  # per attempt: a borrower may be preempted and run again
+            (a.job_id, a.number): (
                 sum(p["resources"]["gpu"] for p in a.allocation) / 1000,
                 (a.end_time if a.end_time is not None else until) - a.start_time,
             )
@@ -99,12 +99,14 @@ def test_the_last_day_per_tenant_adds_up_to_the_jobs(up: Up) -> None:
         mine = [r for r in records if r["tenant"] == tenant]
         for figure in (*FIGURES, "cost", "cpu_hours", "memory_gib_hours"):
             assert sum(exact(r[figure]) for r in mine) == exact(row[figure]), (tenant, figure)
-        hand_allocated = sum(held[r["job"]][0] * held[r["job"]][1] / 3600 for r in mine)
+        hand_allocated = sum(
+            held[r["job"], r["attempt"]][0] * held[r["job"], r["attempt"]][1] / 3600 for r in mine
+        )
         assert abs(row["allocated_gpu_hours"] - hand_allocated) <= 1e-6 * len(mine)
         assert abs(row["cost"] - hand_allocated * PRICE) <= 2e-6 * len(mine)
         assert row["allocated_gpu_hours"] > row["used_gpu_hours"] > 0
     for r in records:
-        assert r["gpus"] == held[r["job"]][0]
+        assert r["gpus"] == held[r["job"], r["attempt"]][0]
         if r["job"] in finished:  # measured all along at 40%
             assert abs(r["used_gpu_hours"] - 0.4 * r["allocated_gpu_hours"]) <= 1e-6
             assert r["unmeasured_gpu_hours"] == 0 and not r["open"]
@@ -117,7 +119,9 @@ def test_the_last_day_per_tenant_adds_up_to_the_jobs(up: Up) -> None:
     total = report["total"]
     for figure in (*FIGURES, "cost"):
         assert sum(exact(row[figure]) for row in report["rows"]) == exact(total[figure])
-    assert report["waits_total"]["count"] == 4
+    # One wait per attempt: 4 jobs, and a second attempt for a vision borrower when nlp
+    # reclaimed its guarantee (whether that happens depends on how fast they ran).
+    assert report["waits_total"]["count"] == len(held) >= 4
 
     # The same report as CSV and as HTML, from the command line.
     table = list(csv.reader(io.StringIO(allot(up, "report", "--format", "csv").stdout)))
