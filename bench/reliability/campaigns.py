@@ -168,69 +168,93 @@ def finish(deployed: Deployment, figures: Figures, submitter: Submitter, started
     return tally(figures, submitter.acknowledged, list_all(deployed), read_runs(deployed.records))
 
 
-def _until(seconds: float, started: float) -> Callable[[], bool]:
-    return lambda: time.monotonic() - started < seconds
+Fault = Callable[[Deployment, Submitter, random.Random, Figures], None]
+"""One round of a campaign: inject a fault (or a burst and a fault), counting it."""
+
+
+def under_load(
+    root: Path,
+    store: str,
+    seconds: float,
+    seed: int,
+    figures: Figures,
+    fault: Fault,
+    *,
+    durations: tuple[float, float],
+    every: tuple[float, float] | None,
+    servers: int = 1,
+) -> Figures:
+    """Start ``servers`` servers, submit jobs of ``durations`` seconds every ``every``
+    seconds (None: only what ``fault`` submits) and run ``fault`` round after round for
+    ``seconds``; then :func:`finish`."""
+    rng = random.Random(seed)
+    with deployment(root, store, servers=servers) as deployed:
+        for server in range(servers):
+            deployed.start(server)
+        submitter = Submitter(deployed, rng.randrange(2**32), durations)
+        started = time.monotonic()
+        if every is not None:
+            submitter.start(every=every)
+        while time.monotonic() - started < seconds:
+            fault(deployed, submitter, rng, figures)
+        if servers > 1:
+            figures.leaderships = deployed.leaderships()
+        return finish(deployed, figures, submitter, started)
 
 
 def crash_loop(root: Path, store: str, seconds: float, seed: int = 1) -> Figures:
     """SIGKILL the server every 0.5 to 3 s, down for up to 0.5 s, while jobs of 0.3 to 2 s
     are submitted 3 to 6 times a second."""
-    rng = random.Random(seed)
-    figures = Figures("crash_loop", store)
-    with deployment(root, store) as deployed:
+
+    def kill(deployed: Deployment, _: Submitter, rng: random.Random, figures: Figures) -> None:
+        time.sleep(rng.uniform(0.5, 3.0))
+        deployed.kill()
+        figures.faults += 1
+        time.sleep(rng.uniform(0.0, 0.5))
         deployed.start()
-        submitter = Submitter(deployed, rng.randrange(2**32), (0.3, 2.0))
-        started = time.monotonic()
-        submitter.start(every=(0.15, 0.35))
-        going = _until(seconds, started)
-        while going():
-            time.sleep(rng.uniform(0.5, 3.0))
-            deployed.kill()
-            figures.faults += 1
-            time.sleep(rng.uniform(0.0, 0.5))
-            deployed.start()
-        return finish(deployed, figures, submitter, started)
+
+    figures = Figures("crash_loop", store)
+    return under_load(
+        root, store, seconds, seed, figures, kill, durations=(0.3, 2.0), every=(0.15, 0.35)
+    )
 
 
 def launch_window(root: Path, store: str, seconds: float, seed: int = 2) -> Figures:
-    """Bursts of 3 to 8 jobs of 0.1 to 0.6 s; the server is killed 0 to 0.8 s after each burst,
-    while it admits and launches them."""
-    rng = random.Random(seed)
-    figures = Figures("launch_window", store)
-    with deployment(root, store) as deployed:
+    """Bursts of 3 to 8 jobs of 0.1 to 0.6 s; the server is killed 0 to 0.8 s after each
+    burst, while it admits and launches them."""
+
+    def burst_then_kill(
+        deployed: Deployment, submitter: Submitter, rng: random.Random, figures: Figures
+    ) -> None:
+        submitter.send(submitter.texts(rng.randint(3, 8)))
+        time.sleep(rng.uniform(0.0, 0.8))
+        deployed.kill()
+        figures.faults += 1
         deployed.start()
-        submitter = Submitter(deployed, rng.randrange(2**32), (0.1, 0.6))
-        started = time.monotonic()
-        going = _until(seconds, started)
-        while going():
-            submitter.send(submitter.texts(rng.randint(3, 8)))
-            time.sleep(rng.uniform(0.0, 0.8))
-            deployed.kill()
-            figures.faults += 1
-            deployed.start()
-        return finish(deployed, figures, submitter, started)
+
+    figures = Figures("launch_window", store)
+    return under_load(
+        root, store, seconds, seed, figures, burst_then_kill, durations=(0.1, 0.6), every=None
+    )
 
 
 def supervisor_kills(root: Path, store: str, seconds: float, seed: int = 3) -> Figures:
     """SIGKILL a random running replica's supervisor every 0.5 to 2 s, while jobs of
     1.5 to 4 s are submitted about once a second (some 80% of the GPUs). A job so hit is
     retried once."""
-    rng = random.Random(seed)
+
+    def kill(deployed: Deployment, _: Submitter, rng: random.Random, figures: Figures) -> None:
+        time.sleep(rng.uniform(0.5, 2.0))
+        supervisors = deployed.supervisors()
+        if supervisors:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rng.choice(supervisors), signal.SIGKILL)
+                figures.faults += 1
+
     figures = Figures("supervisor_kills", store, jobs_may_fail=True)
-    with deployment(root, store) as deployed:
-        deployed.start()
-        submitter = Submitter(deployed, rng.randrange(2**32), (1.5, 4.0))
-        started = time.monotonic()
-        submitter.start(every=(0.8, 1.4))
-        going = _until(seconds, started)
-        while going():
-            time.sleep(rng.uniform(0.5, 2.0))
-            supervisors = deployed.supervisors()
-            if supervisors:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(rng.choice(supervisors), signal.SIGKILL)
-                    figures.faults += 1
-        return finish(deployed, figures, submitter, started)
+    return under_load(
+        root, store, seconds, seed, figures, kill, durations=(1.5, 4.0), every=(0.8, 1.4)
+    )
 
 
 def failover(root: Path, store: str, seconds: float, seed: int = 4) -> Figures:
@@ -239,22 +263,25 @@ def failover(root: Path, store: str, seconds: float, seed: int = 4) -> Figures:
     server about twice a second (some 80% of the GPUs)."""
     if store != "postgresql":
         raise ValueError("failover needs a shared PostgreSQL store")
-    rng = random.Random(seed)
-    figures = Figures("failover", store)
-    with deployment(root, store, servers=2) as deployed:
-        deployed.start(0)
-        deployed.start(1)
+
+    def cut(deployed: Deployment, _: Submitter, rng: random.Random, figures: Figures) -> None:
+        time.sleep(rng.uniform(1.5, 3.5))
         assert deployed.db_url is not None
-        submitter = Submitter(deployed, rng.randrange(2**32), (0.3, 2.0))
-        started = time.monotonic()
-        submitter.start(every=(0.35, 0.6))
-        going = _until(seconds, started)
-        while going():
-            time.sleep(rng.uniform(1.5, 3.5))
-            if terminate_leader_connection(deployed.db_url):
-                figures.faults += 1
-        figures.leaderships = deployed.leaderships()
-        return finish(deployed, figures, submitter, started)
+        if terminate_leader_connection(deployed.db_url):
+            figures.faults += 1
+
+    figures = Figures("failover", store)
+    return under_load(
+        root,
+        store,
+        seconds,
+        seed,
+        figures,
+        cut,
+        durations=(0.3, 2.0),
+        every=(0.35, 0.6),
+        servers=2,
+    )
 
 
 def bad_input(root: Path, store: str, seconds: float = 0.0, seed: int = 0) -> Figures:

@@ -31,7 +31,7 @@ from sqlalchemy import String, and_, cast, exists, func, literal, or_, select
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
-from allotment.domain.cluster import Cluster, Queue
+from allotment.domain.cluster import Cluster
 from allotment.domain.durations import format_duration
 from allotment.domain.lifecycle import WAITING
 from allotment.store.alerts import NewAlert, fire_alert
@@ -55,11 +55,9 @@ def max_waits(cluster: Cluster) -> dict[str, float]:
     leaves without one are left out."""
     limits: dict[str, float] = {}
     for leaf in cluster.leaves:
-        queue: Queue | None = leaf
-        while queue is not None and queue.spec.max_wait is None:
-            queue = queue.parent
-        if queue is not None and queue.spec.max_wait is not None:
-            limits[leaf.name] = queue.spec.max_wait
+        limit = leaf.inherited(lambda q: q.max_wait)
+        if limit is not None:
+            limits[leaf.name] = limit
     return limits
 
 

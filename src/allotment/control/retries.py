@@ -67,11 +67,7 @@ def retry_policy(spec: JobSpec, cluster: Cluster) -> RetryPolicy | None:
     if spec.retry is not None:
         return spec.retry
     queue = cluster.queues.get(spec.queue)
-    while queue is not None:
-        if queue.spec.retry is not None:
-            return queue.spec.retry
-        queue = queue.parent
-    return None
+    return None if queue is None else queue.inherited(lambda q: q.retry)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -9,7 +9,7 @@ parent's) and the tree flattened for fast look-ups.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import Field, model_validator
@@ -217,6 +217,7 @@ class ClusterFile(Model):
 
 
 _Named = TypeVar("_Named", PriorityClass, Pool, Tenant)
+_Setting = TypeVar("_Setting")
 
 
 class Queue:
@@ -256,26 +257,27 @@ class Queue:
     def time_windows(self) -> tuple[TimeWindow, ...]:
         return self._windows
 
+    def inherited(self, read: Callable[[QueueSpec], _Setting | None]) -> _Setting | None:
+        """A setting of this queue's spec, or of its nearest ancestor that sets it."""
+        node: Queue | None = self
+        while node is not None:
+            value = read(node.spec)
+            if value is not None:
+                return value
+            node = node.parent
+        return None
+
     @property
     def reclaim(self) -> ReclaimPolicy | None:
         """The reclamation policy of this queue or its nearest ancestor with one."""
-        node: Queue | None = self
-        while node is not None:
-            if node.spec.reclaim is not None:
-                return node.spec.reclaim
-            node = node.parent
-        return None
+        return self.inherited(lambda spec: spec.reclaim)
 
     @property
     def max_job_replicas(self) -> int:
         """The most replicas one job of this queue may have: its own ``max_job_replicas``
         or its nearest ancestor's, else :data:`MAX_JOB_REPLICAS`."""
-        node: Queue | None = self
-        while node is not None:
-            if node.spec.max_job_replicas is not None:
-                return node.spec.max_job_replicas
-            node = node.parent
-        return MAX_JOB_REPLICAS
+        most = self.inherited(lambda spec: spec.max_job_replicas)
+        return MAX_JOB_REPLICAS if most is None else most
 
     def ancestors(self) -> Iterator[Queue]:
         node = self.parent
