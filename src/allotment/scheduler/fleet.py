@@ -12,6 +12,9 @@ from allotment.scheduler.gates import shape_of
 from allotment.scheduler.placement import NodeState, Placer
 from allotment.scheduler.snapshot import ReplicaRequest
 
+MAX_KNOWN = 4096
+"""Answers kept per cluster (job shapes repeat: most submissions are answered from here)."""
+
 
 def _size(node: NodeState) -> tuple[int, int, int]:
     return (node.capacity.get(GPU, 0), node.capacity.get(CPU, 0), node.capacity.get(MEMORY, 0))
@@ -36,6 +39,8 @@ class FleetFit:
         has not reported them): nothing is known to be impossible then."""
         key = (tuple(pools), tuple((g.name, g.count, shape_of(g.resources)) for g in replicas))
         if key not in self._known:
+            if len(self._known) >= MAX_KNOWN:  # memory stays bounded
+                self._known.clear()
             self._known[key] = self._problem(replicas, pools)
         return self._known[key]
 
