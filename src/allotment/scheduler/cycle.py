@@ -91,6 +91,10 @@ class _Cycle:
     """A per-cycle bound stopped the cycle short: another cycle may do more."""
     past_block: int = 0
     """Jobs looked at, across all queues, that did not start."""
+    failed: dict[tuple[object, ...], tuple[Outcome, Reason | None]] = field(default_factory=dict)
+    """Tries that failed this cycle without a reservation, by what decides them (queue,
+    class, request, pools, runtime bound): the world only fills up during a cycle, so a
+    job asking the same fails the same way."""
 
     def __post_init__(self) -> None:
         self.gates = Gates(self.state)
@@ -216,7 +220,7 @@ class _Cycle:
             _, i = heapq.heappop(heap)
             line = lines[i]
             job = line.jobs[line.index]
-            outcome, reason = self._try(job, line)
+            outcome, reason = self._try_once(job, line)
             self.examined += 1
             if outcome is Outcome.ADMITTED:
                 shares.pop(line.queue.name, None)
@@ -254,6 +258,22 @@ class _Cycle:
                     self.truncated = True
             if not line.done and line.index < len(line.jobs):
                 self._push(heap, i, line, shares)
+
+    def _try_once(self, job: PendingJob, line: Line) -> tuple[Outcome, Reason | None]:
+        """:meth:`_try`, or what it answered this cycle for a job asking the same."""
+        if job.not_before is not None:  # a back-off gate is the job's own
+            return self._try(job, line)
+        bound = job.max_runtime if job.max_runtime is not None else job.expected_runtime
+        key = (line.queue.name, job.priority_class, job.shape(), job.pools, bound)
+        known = self.failed.get(key)
+        if known is not None:
+            return known
+        outcome, reason = self._try(job, line)
+        if (
+            outcome is Outcome.QUOTA or outcome is Outcome.CAPACITY
+        ) and job.id not in self.decisions.reservations:
+            self.failed[key] = (outcome, reason)
+        return outcome, reason
 
     def _push(
         self,

@@ -121,6 +121,11 @@ class Placer:
         self._buckets: dict[str, list[dict[str, NodeState]]] = {}
         self._groups: dict[str, list[dict[str, list[NodeState]]]] = {}
         self._whole_free: dict[str, int] = {}
+        self._version: dict[str, int] = {}
+        """Per pool, how many times its free capacity changed (for the caches below)."""
+        self._no_fits: dict[tuple[object, ...], tuple[int, Reason]] = {}
+        """Per pool and request, the last no-fit reason and the pool's version then: a
+        full pool is asked the same many times before anything in it changes."""
         for node in nodes:
             if isinstance(node, NodeState):
                 state = node
@@ -216,6 +221,7 @@ class Placer:
                 continue  # node gone or unhealthy: nothing to account
             before = state.whole_free
             state.apply(placement, sign)
+            self._version[state.pool] = self._version.get(state.pool, 0) + 1
             if state.whole_free != before:
                 self._whole_free[state.pool] += state.whole_free - before
                 buckets = self._buckets[state.pool]
@@ -241,7 +247,7 @@ class Placer:
         if len(flat) == 1:
             state = self._pick(flat[0][2], pool, None, {}, claims)
             if state is None:
-                return PlacementResult(reason=_no_fit(pool, flat[0][2], self.largest_free(pool)))
+                return PlacementResult(reason=self._no_fit(pool, flat[0][2]))
             return self._assign(flat, [state])
         return self._place_gang(pool, flat, claims)
 
@@ -294,10 +300,24 @@ class Placer:
             return self._assign(ordered, chosen)
         return PlacementResult(reason=self._gang_reason(pool, ordered, claims))
 
+    def _no_fit(self, pool: str, request: Mapping[str, int]) -> Reason:
+        """Why one replica of ``request`` fits on no node of ``pool`` (cached until the
+        pool's free capacity changes)."""
+        version = self._version.get(pool, 0)
+        key = (pool, *sorted(request.items()))
+        known = self._no_fits.get(key)
+        if known is not None and known[0] == version:
+            return known[1]
+        if len(self._no_fits) >= 4096:  # memory stays bounded
+            self._no_fits.clear()
+        reason = _no_fit(pool, request, self.largest_free(pool))
+        self._no_fits[key] = (version, reason)
+        return reason
+
     def _gang_reason(self, pool: str, ordered: list[Replica], claims: Claims | None) -> Reason:
         placeable = len(self._pack(ordered, pool, None, claims, partial=True) or [])
         if placeable == 0:
-            return _no_fit(pool, ordered[0][2], self.largest_free(pool))
+            return self._no_fit(pool, ordered[0][2])
         return Reason(
             ReasonCode.GANG_UNSATISFIABLE,
             f"pool {pool}: only {placeable} of {len(ordered)} replicas fit at once; a gang "

@@ -103,6 +103,9 @@ class QuotaTree:
         self._usage: dict[tuple[str, str], Amounts] = {}
         self._demand: dict[tuple[str, str], Amounts] = {}
         self._guaranteed: dict[tuple[str, str], Amounts] = {}
+        self._checked: dict[str, dict[tuple[object, ...], QuotaCheck]] = {}
+        """Per pool, the answers of :meth:`check` since its usage last changed: a full
+        fleet asks the same question of the same queue many times."""
         for pool, cap in capacity.items():
             self._nominal[(ROOT, pool)] = dict(cap)
             self._usage[(ROOT, pool)] = {}
@@ -188,6 +191,16 @@ class QuotaTree:
     def check(self, queue: str, pool: str, request: Mapping[str, int]) -> QuotaCheck:
         """Whether ``queue`` may add ``request`` in ``pool``, with the borrowed part or the
         resource and level that say no."""
+        known = self._checked.get(pool)
+        if known is None:
+            known = self._checked[pool] = {}
+        key = (queue, *sorted(request.items()))
+        answer = known.get(key)
+        if answer is None:
+            answer = known[key] = self._check(queue, pool, request)
+        return answer
+
+    def _check(self, queue: str, pool: str, request: Mapping[str, int]) -> QuotaCheck:
         borrowed: Amounts = {}
         key = (queue, pool)
         usage = self._usage[key]
@@ -334,6 +347,7 @@ class QuotaTree:
         self, queue: str, pool: str, request: Mapping[str, int], sign: int, borrow_only: bool
     ) -> None:
         chain = self._chain[queue]
+        self._checked.pop(pool, None)
         if not borrow_only:
             guaranteed = self._guaranteed[(queue, pool)]
             for resource, amount in request.items():
