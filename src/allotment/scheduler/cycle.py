@@ -17,7 +17,6 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import Enum, auto
 
 from allotment.domain.cluster import PriorityClass, Queue
 from allotment.domain.durations import format_duration, next_window_open, window_open
@@ -26,45 +25,15 @@ from allotment.scheduler import ordering
 from allotment.scheduler.backfill import Reservation, Reservations, plan_reservation
 from allotment.scheduler.decisions import Admit, Decisions, Preempt
 from allotment.scheduler.gates import Gates
-from allotment.scheduler.lines import QueueLine, group_lines
-from allotment.scheduler.placement import PlacementResult, per_node
+from allotment.scheduler.lines import Line, Outcome, QueueLine, group_lines
+from allotment.scheduler.placement import Claims, PlacementResult, per_node
 from allotment.scheduler.preemption import describe, find_victims
 from allotment.scheduler.quota import ROOT, QuotaCheck
 from allotment.scheduler.snapshot import PendingJob, Snapshot
 from allotment.scheduler.state import CycleState, Holder
 
-
-class Outcome(Enum):
-    ADMITTED = auto()
-    PREEMPTING = auto()
-    GATED = auto()
-    """Not runnable now for a reason of its own; the queue moves on."""
-    QUOTA = auto()
-    """Out of quota; later jobs of the queue wait behind it."""
-    CAPACITY = auto()
-    """Quota allows it, free capacity does not; it may get a reservation."""
-
-
-@dataclass(slots=True)
-class Line:
-    """One leaf queue's pending jobs in order, and how far the cycle got."""
-
-    queue: Queue
-    jobs: list[PendingJob]
-    values: list[int]
-    ids: list[str]
-    index: int = 0
-    past_block: int = 0
-    admitted_past_block: int = 0
-    blocker: PendingJob | None = None
-    blocker_reason: Reason | None = None
-    done: bool = False
-    pools: list[str] | None = None
-    """Where the queue's jobs are tried, in order (computed on first use)."""
-    allowed: list[str] | None = None
-    """Every pool open to the queue."""
-    guaranteed: int = 0
-    """How many of ``pools``, first, hold a guaranteed quota of the queue."""
+MAX_REMEMBERED = 65_536
+"""Failed victim searches a session remembers across cycles, at most."""
 
 
 @dataclass(slots=True)
@@ -91,6 +60,7 @@ class _Cycle:
     """A per-cycle bound stopped the cycle short: another cycle may do more."""
     past_block: int = 0
     """Jobs looked at, across all queues, that did not start."""
+    claimed: dict[tuple[object, ...], frozenset[object]] = field(default_factory=dict)
     failed: dict[tuple[object, ...], tuple[Outcome, Reason | None]] = field(default_factory=dict)
     """Tries that failed this cycle without a reservation, by what decides them (queue,
     class, request, pools, runtime bound): the world only fills up during a cycle, so a
@@ -405,7 +375,7 @@ class _Cycle:
             for pool in pools:
                 # The world only fills up during a cycle: a search that failed fails again
                 # for the same queue, class and shape.
-                tried = (queue.name, pool, klass.value, shape)
+                tried = (queue.name, pool, klass.value, shape, self._claimed(pool, claims))
                 if tried in self.no_victims:
                     continue
                 failed_at = state.no_victims.get(tried)
@@ -419,7 +389,9 @@ class _Cycle:
                 if plan is not None:
                     return Outcome.PREEMPTING, self._preempt(job, queue, klass, pool, plan)
                 self.no_victims.add(tried)
-                if claims is None and not self.taken:
+                if not self.taken:
+                    if len(state.no_victims) >= MAX_REMEMBERED:
+                        state.no_victims.clear()  # memory stays bounded
                     state.no_victims[tried] = state.changed.get(pool, 0)
         if held_back:
             first = self.reservations.items[0]
@@ -451,6 +423,22 @@ class _Cycle:
                     self.decisions.reservations[job.id] = reservation.start
                     break
         return Outcome.CAPACITY, reason
+
+    def _claimed(self, pool: str, claims: Claims | None) -> frozenset[object] | None:
+        """What ``claims`` hold on ``pool``'s nodes, hashable: a victim search that
+        failed leaving the same claims free fails again until the pool changes."""
+        if claims is None:
+            return None
+        key = (pool, len(self.reservations.items), id(claims))
+        known = self.claimed.get(key)
+        if known is None:
+            nodes = self.state.placer.nodes
+            known = self.claimed[key] = frozenset(
+                (node, *sorted(held.items()))
+                for node, held in claims.items()
+                if node in nodes and nodes[node].pool == pool
+            )
+        return known
 
     def _no_fit(self, pool: str, shape: tuple[object, ...]) -> Reason | None:
         """Why a job of ``shape`` fits on no node of ``pool`` even without claims, if

@@ -3,14 +3,19 @@
 Higher priority class first, then earlier submit time, then arrival order. A
 :class:`QueueLine` is built whole for one snapshot (:func:`group_lines`), or kept sorted
 across cycles by a :class:`~allotment.scheduler.session.Session` (:class:`SortedLine`),
-so that a long backlog is not sorted again every cycle.
+so that a long backlog is not sorted again every cycle. A cycle walks each in a
+:class:`Line`, and each try ends with an :class:`Outcome`.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum, auto
 
+from allotment.domain.cluster import Queue
+from allotment.domain.reasons import Reason
 from allotment.scheduler import ordering
 from allotment.scheduler.snapshot import PendingJob
 
@@ -120,3 +125,36 @@ class SortedLine(QueueLine):
             return False
         self.jobs[index] = job
         return True
+
+
+class Outcome(Enum):
+    ADMITTED = auto()
+    PREEMPTING = auto()
+    GATED = auto()
+    """Not runnable now for a reason of its own; the queue moves on."""
+    QUOTA = auto()
+    """Out of quota; later jobs of the queue wait behind it."""
+    CAPACITY = auto()
+    """Quota allows it, free capacity does not; it may get a reservation."""
+
+
+@dataclass(slots=True)
+class Line:
+    """One leaf queue's pending jobs in order, and how far the cycle got."""
+
+    queue: Queue
+    jobs: list[PendingJob]
+    values: list[int]
+    ids: list[str]
+    index: int = 0
+    past_block: int = 0
+    admitted_past_block: int = 0
+    blocker: PendingJob | None = None
+    blocker_reason: Reason | None = None
+    done: bool = False
+    pools: list[str] | None = None
+    """Where the queue's jobs are tried, in order (computed on first use)."""
+    allowed: list[str] | None = None
+    """Every pool open to the queue."""
+    guaranteed: int = 0
+    """How many of ``pools``, first, hold a guaranteed quota of the queue."""
