@@ -119,7 +119,11 @@ def test_preemption_stops_the_victim_in_slurm_and_requeues_it(
         assert first.state == S.PREEMPTED.value
     assert victim.state == S.PENDING.value  # requeued by Allotment's retry policy
     states = {j["name"]: j["job_state"] for j in slurm_jobs(clean)}
-    assert states[f"allot-{low}-1"] == "CANCELLED"
+    # Stopped, not left running: CANCELLED when the grace ran out first, FAILED when its
+    # replicas ended on the forwarded stop signal before that (Slurm's own view; the
+    # attempt is PREEMPTED in Allotment either way, as asserted above).
+    assert states[f"allot-{low}-1"] in {"CANCELLED", "FAILED"}
+    assert first.failure_class == "preempted"
     assert states[f"allot-{high}-1"] == "RUNNING"
     assert f"allot-{low}-2" not in states  # never requeued by Slurm, nor yet by Allotment
     assert set(nodes_of(sessions, high)) <= set(nodes_of(sessions, low))
