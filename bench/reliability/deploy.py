@@ -10,7 +10,6 @@ started.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -27,6 +26,7 @@ from sqlalchemy import create_engine, text
 from allotment.api.serving import free_port
 from allotment.client import AllotmentClient
 from allotment.clientconfig import read_client_config
+from allotment.executors.supervisor import read_json
 
 GPUS = 4
 CLUSTER = f"""\
@@ -150,10 +150,10 @@ class Deployment:
         """The process ids of the supervisors of replicas that have not ended."""
         pids = []
         for launch in self.executor_dir.glob("*/*/*/launch.json"):
-            state = _read(launch.with_name("state.json"))
+            state = read_json(launch.with_name("state.json")) or {}
             if state.get("ended_at") is not None:
                 continue
-            pid = _read(launch).get("supervisor_pid")
+            pid = (read_json(launch) or {}).get("supervisor_pid")
             if isinstance(pid, int):
                 pids.append(pid)
         return pids
@@ -175,19 +175,11 @@ class Deployment:
         kill_replicas(self.executor_dir)
 
 
-def _read(path: Path) -> dict[str, object]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def kill_replicas(root: Path) -> None:
     """SIGKILL every supervisor (its own group) and replica group under ``root``."""
     for name in ("launch.json", "state.json"):
         for path in root.glob(f"*/*/*/{name}"):
-            data = _read(path)
+            data = read_json(path) or {}
             for key in ("supervisor_pid", "pgid"):
                 pgid = data.get(key)
                 if isinstance(pgid, int):

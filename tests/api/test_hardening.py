@@ -85,15 +85,22 @@ def test_over_the_limit_is_429_with_retry_after(limited: str) -> None:
         assert ada.get("/api/v1/healthz").status_code == 200  # exempt
 
 
+ADMIN = "the-admin-token"
+
+
+def _admin_limited(tmp_path: Path) -> object:
+    """An app with real authentication (one admin token) and a tight rate limit."""
+    return _app(
+        tmp_path,
+        rate_limit=RateLimit(per_second=0.01, burst=3),
+        authenticator=AdminDigest(token_digest(ADMIN), user="root"),
+    )
+
+
 def test_fault_made_up_tokens_share_their_address_bucket(tmp_path: Path) -> None:
     # With real authentication, a token answered 401 never gets a bucket of its own:
     # rotating made-up tokens is limited by the client's address.
-    admin = "the-admin-token"
-    app = _app(
-        tmp_path,
-        rate_limit=RateLimit(per_second=0.01, burst=3),
-        authenticator=AdminDigest(token_digest(admin), user="root"),
-    )
+    app = _admin_limited(tmp_path)
     with serve(app) as url, httpx.Client(base_url=url) as http:  # type: ignore[arg-type]
         codes = [
             http.get("/api/v1/queues", headers={"Authorization": f"Bearer bogus-{i}"}).status_code
@@ -101,19 +108,14 @@ def test_fault_made_up_tokens_share_their_address_bucket(tmp_path: Path) -> None
         ]
         assert codes[:3] == [401] * 3 and codes[3:] == [429, 429]
         # A valid token, once known, spends only its own bucket.
-        good = {"Authorization": f"Bearer {admin}"}
+        good = {"Authorization": f"Bearer {ADMIN}"}
         assert http.get("/api/v1/queues", headers=good).status_code == 429  # not known yet
 
 
 def test_fault_a_known_token_is_not_held_back_by_others_at_its_address(tmp_path: Path) -> None:
-    admin = "the-admin-token"
-    app = _app(
-        tmp_path,
-        rate_limit=RateLimit(per_second=0.01, burst=3),
-        authenticator=AdminDigest(token_digest(admin), user="root"),
-    )
+    app = _admin_limited(tmp_path)
     with serve(app) as url, httpx.Client(base_url=url) as http:  # type: ignore[arg-type]
-        good = {"Authorization": f"Bearer {admin}"}
+        good = {"Authorization": f"Bearer {ADMIN}"}
         assert http.get("/api/v1/queues", headers=good).status_code == 200
         for i in range(3):
             http.get("/api/v1/queues", headers={"Authorization": f"Bearer bogus-{i}"})
