@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from allotment.cli import alerts, audit, live, report, tokens, up
+from allotment.cli import alerts, audit, live, report, synth, tokens, up
 from allotment.cli.common import Output, OutputOption, print_error, print_json
 from allotment.cli.common import console as make_console
 from allotment.domain.errors import AllotmentError, ConfigError, InvalidInput
@@ -335,6 +335,7 @@ tokens.register(app)
 audit.register(app)
 report.register(app)
 alerts.register(app)
+synth.register(app)
 
 
 def main() -> None:
