@@ -22,8 +22,24 @@ carry ``expected_runtime=None`` and running ones ``expected_end=None``, unless t
 is an ``oracle``. The replay ends after the last event; jobs still pending then are
 ``unfinished``.
 
-The simulated executor checks what the core decides: an admission of a job that is not
-pending, a gang placed incompletely, or a node over-committed raises :class:`ReplayError`.
+The driver owns the clock, the events and the cycles, and composes parts of one concern
+each, passing each what it needs:
+
+- :class:`~allotment.sim.executor.SimulatedExecutor` carries out the decisions on the
+  simulated cluster (runs, attempts, every job's story) and checks them: an admission of
+  a job that is not pending, a gang placed incompletely, or a node over-committed raises
+  :class:`ReplayError`;
+- :class:`~allotment.sim.sampler.ContentionSampler` measures how the GPUs were used while
+  jobs waited;
+- :class:`~allotment.sim.shortfalls.ShortfallTracker` records the queues' guarantee
+  shortfalls;
+- :class:`~allotment.sim.forecasting.StartForecaster` forecasts the starts of sampled jobs;
+- :class:`~allotment.sim.snapshot_core.SnapshotCore` runs a scheduler given as a snapshot
+  function in place of the session.
+
+Only the driver changes the core: it submits the executor's requests and tells the core
+which jobs are gone. The sampler, the tracker and the forecaster only read the session
+the driver hands them (nothing when the core is a snapshot function).
 """
 
 from __future__ import annotations
@@ -32,138 +48,32 @@ import heapq
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from allotment.domain.cluster import Cluster
-from allotment.domain.errors import AllotmentError
-from allotment.domain.resources import CPU, GPU, MEMORY
-from allotment.scheduler.decisions import Admit, Decisions
-from allotment.scheduler.forecast import RuntimeHistory, forecast_start
-from allotment.scheduler.session import Session, carry_nominations, victims_gone
-from allotment.scheduler.snapshot import (
-    PendingJob,
-    ReplicaRequest,
-    RunningJob,
-    SchedulerPolicy,
-    Snapshot,
-)
-from allotment.sim.results import (
-    FAILED,
-    PREEMPTED,
-    SUCCEEDED,
-    UNFINISHED,
-    Attempt,
-    JobResult,
-    ReplayResult,
-    Shortfall,
-)
+from allotment.scheduler.session import Session
+from allotment.scheduler.snapshot import SchedulerPolicy
+from allotment.sim.errors import ReplayError
+from allotment.sim.executor import SimulatedExecutor, pending_job
+from allotment.sim.forecasting import StartForecaster
+from allotment.sim.results import ReplayResult
+from allotment.sim.sampler import ContentionSampler
+from allotment.sim.shortfalls import ShortfallTracker
+from allotment.sim.snapshot_core import Scheduler, SnapshotCore
 from allotment.sim.trace import TraceJob
 
-Scheduler = Callable[[Snapshot], Decisions]
-"""A function from a snapshot to decisions, e.g. ``schedule_once``."""
-
-
-class ReplayError(AllotmentError):
-    """The scheduler decided something the simulated cluster cannot do (a core bug), or
-    the scheduler is not available."""
-
-    code = "replay_error"
+__all__ = [
+    "Replay",
+    "ReplayError",
+    "Scheduler",
+    "default_scheduler",
+    "pending_job",
+    "replay",
+]
 
 
 def default_scheduler() -> Scheduler | None:
     """None: the real core, run incrementally as a :class:`Session`."""
     return None
-
-
-class _SnapshotCore:
-    """A :class:`Session`-shaped adapter around a snapshot function: the whole pending
-    and running sets are handed to ``schedule`` every cycle."""
-
-    def __init__(self, cluster: Cluster, policy: SchedulerPolicy, schedule: Scheduler) -> None:
-        self.cluster = cluster
-        self.policy = policy
-        self.schedule = schedule
-        self.pending: dict[str, PendingJob] = {}
-        self.running: dict[str, RunningJob] = {}
-
-    @property
-    def pending_count(self) -> int:
-        return len(self.pending)
-
-    def submit(self, job: PendingJob) -> None:
-        self.pending[job.id] = job
-
-    def update(self, job: PendingJob) -> None:
-        self.pending[job.id] = job
-
-    def pending_job(self, job_id: str) -> PendingJob | None:
-        return self.pending.get(job_id)
-
-    def gone(self, job_id: str) -> RunningJob | None:
-        return self.running.pop(job_id, None)
-
-    def cycle(self, now: float, *, explain: bool = True) -> Decisions:
-        preemptors = (j for j in self.pending.values() if j.preempting)
-        had_turn = victims_gone(preemptors, self.running)
-        decisions = self.schedule(
-            Snapshot(
-                now=now,
-                cluster=self.cluster,
-                pending=list(self.pending.values()),
-                running=list(self.running.values()),
-                policy=self.policy,
-            )
-        )
-        for admit in decisions.admitted:
-            job = self.pending.pop(admit.job, None)
-            if job is None:
-                state = "running" if admit.job in self.running else "not pending"
-                raise ReplayError(f"the scheduler admitted job {admit.job}, which is {state}")
-            self.running[job.id] = admit.running(job, at=now)
-        carry_nominations(decisions, had_turn, self.pending_job, self.update)
-        return decisions
-
-
-@dataclass(slots=True)
-class _Run:
-    running: RunningJob
-    attempt: int
-    end: float
-    outcome: str
-    gpus: int
-    nodes: tuple[tuple[str, int], ...]
-    usage: list[tuple[str, dict[str, int]]] = field(default_factory=list)
-
-
-def pending_job(
-    job: TraceJob, cluster: Cluster, *, submit_time: float, oracle: bool = False
-) -> PendingJob:
-    """The scheduler's view of a trace job: its request, never its true duration (unless
-    ``oracle``). The priority class is the trace's, else the queue's default."""
-    resources: dict[str, int] = {}
-    if job.gpus:
-        resources[GPU] = job.gpus
-    if job.cpu:
-        resources[CPU] = job.cpu
-    if job.memory:
-        resources[MEMORY] = job.memory
-    queue = cluster.queues[job.queue]
-    priority = cluster.priority_class_for(queue, job.priority_class)
-    if priority is None:
-        raise ReplayError(f"job {job.job_id}: no priority class allowed in queue {job.queue}")
-    expected = None
-    if oracle:
-        expected = job.duration if job.max_runtime is None else min(job.duration, job.max_runtime)
-    return PendingJob(
-        id=job.job_id,
-        queue=job.queue,
-        priority_class=priority.name,
-        submit_time=submit_time,
-        replicas=(ReplicaRequest(name="worker", count=job.replicas, resources=resources),),
-        pools=job.pools,
-        max_runtime=job.max_runtime,
-        expected_runtime=expected,
-    )
 
 
 class Replay:
@@ -194,113 +104,90 @@ class Replay:
         self.max_cycles_per_instant = max(1, max_cycles_per_instant)
         self.predict_every = max(0, predict_every)
         self.progress = progress
-        self.history = RuntimeHistory()
-        self._to_predict: list[str] = []
-        self._arrived = 0
-        self.forecast_s = 0.0
-        self.traces = {job.job_id: job for job in jobs}
         self.arrivals = sorted(
             ((job.submit_time * time_scale, i, job.job_id) for i, job in enumerate(jobs)),
         )
-        self.results = {
-            job.job_id: JobResult(
-                job_id=job.job_id,
-                queue=job.queue,
-                submit=job.submit_time * time_scale,
-                duration=job.duration,
-                gpus=job.total_gpus,
-            )
-            for job in jobs
-        }
-        self.nodes = {name: node for name, node in cluster.nodes.items() if node.healthy}
-        self.capacity = {name: node.capacity.as_dict() for name, node in self.nodes.items()}
-        self.used: dict[str, dict[str, int]] = {name: {} for name in self.nodes}
-        self.requests: dict[str, PendingJob] = {}
-        self.running: dict[str, _Run] = {}
-        self.attempts: list[Attempt] = []
-        self.completions: list[tuple[float, int, str, int]] = []
         self.wakeups: list[float] = []
         self._wakeup_set: set[float] = set()
-        self.shortfalls: list[Shortfall] = []
-        self.held_gpus = 0
-        self.waiting_s = 0.0
-        self.held_while_waiting = 0.0
-        self.unusable_while_waiting = 0.0
-        self._sampled_at = 0.0
-        self._waiting_state: tuple[int, int] | None = None
-        self._fragment_at = -math.inf
         span = (self.arrivals[-1][0] - self.arrivals[0][0]) if self.arrivals else 0.0
-        self._fragment_every = max(1.0, span / 2_000)
-        self._owed: dict[str, float] = {}
-        self._last_instant = 0.0
+        self.executor = SimulatedExecutor(
+            cluster, jobs, time_scale=time_scale, oracle=policy.oracle
+        )
+        self.sampler = ContentionSampler(span)
+        self.shortfalls = ShortfallTracker()
+        self.forecaster = StartForecaster(self.predict_every)
         schedule = scheduler if scheduler is not None else default_scheduler()
-        self.core: Session | _SnapshotCore = (
+        self.core: Session | SnapshotCore = (
             Session(cluster, policy)
             if schedule is None
-            else _SnapshotCore(cluster, policy, schedule)
+            else SnapshotCore(cluster, policy, schedule)
         )
-        self._seq = 0
         self.cycles = 0
-        self.preemptions = 0
         self.scheduler_s = 0.0
-
-    # -- driver ---------------------------------------------------------------------
 
     def run(self) -> ReplayResult:
         started = time.perf_counter()
         core = self.core
+        session = core if isinstance(core, Session) else None
+        executor = self.executor
+        sampler = self.sampler
+        shortfalls = self.shortfalls
+        forecaster = self.forecaster
         arrivals = self.arrivals
         index = 0
         while True:
             now = math.inf
             if index < len(arrivals):
                 now = arrivals[index][0]
-            if self.completions and self.completions[0][0] < now:
-                now = self.completions[0][0]
+            next_end = executor.next_end()
+            if next_end < now:
+                now = next_end
             if self.wakeups and self.wakeups[0] < now:
                 now = self.wakeups[0]
             if now == math.inf:
                 break
             changed = False
             while index < len(arrivals) and arrivals[index][0] <= now:
-                self._arrive(arrivals[index][2], now)
+                job_id = arrivals[index][2]
+                forecaster.arrived(job_id)
+                core.submit(executor.arrive(job_id))
                 index += 1
                 if self.progress is not None and index % 1000 == 0:
                     self.progress(index, len(arrivals))
                 changed = True
-            while self.completions and self.completions[0][0] <= now:
-                _, _, job_id, attempt = heapq.heappop(self.completions)
-                changed = self._complete(job_id, attempt, now) or changed
+            for finished in executor.end_due(now):
+                core.gone(finished.job_id)
+                forecaster.learn(finished.queue, finished.gpus, finished.runtime)
+                changed = True
             while self.wakeups and self.wakeups[0] <= now:
                 self._wakeup_set.discard(heapq.heappop(self.wakeups))
                 changed = True
             if changed and core.pending_count:
                 self._settle(now)
             if changed:
-                self._sample(now)
-            if self._to_predict:
-                self._predict(now)
+                sampler.sample(now, session, executor.held_gpus)
+            if forecaster.due:
+                forecaster.predict(now, session, executor.first_start)
             if changed:
-                self._track_shortfalls(now)
-        self._track_shortfalls(math.inf, last=True)
-        for job_id in list(self.requests):
-            if job_id not in self.running and self.results[job_id].outcome == UNFINISHED:
-                self._unfinished(job_id)
-        jobs = [self.results[job_id] for _, _, job_id in sorted(arrivals, key=lambda a: a[1])]
+                shortfalls.track(now, session)
+        shortfalls.track(math.inf, session, last=True)
+        executor.close()
+        forecaster.annotate(executor.results)
+        jobs = [executor.results[job_id] for _, _, job_id in sorted(arrivals, key=lambda a: a[1])]
         return ReplayResult(
             policy=self.policy,
             jobs=jobs,
-            attempts=self.attempts,
-            total_gpus=sum(c.get(GPU, 0) for c in self.capacity.values()),
+            attempts=executor.attempts,
+            total_gpus=executor.total_gpus,
             cycles=self.cycles,
-            preemptions=self.preemptions,
-            shortfalls=self.shortfalls if isinstance(core, Session) else None,
+            preemptions=executor.preemptions,
+            shortfalls=shortfalls.shortfalls if session is not None else None,
             scheduler_s=self.scheduler_s,
-            forecast_s=self.forecast_s,
-            waiting_s=self.waiting_s,
-            node_pools={name: node.pool for name, node in self.nodes.items()},
-            held_while_waiting=self.held_while_waiting,
-            unusable_while_waiting=self.unusable_while_waiting,
+            forecast_s=forecaster.seconds,
+            waiting_s=sampler.waiting_s,
+            node_pools=executor.node_pools,
+            held_while_waiting=sampler.held_while_waiting,
+            unusable_while_waiting=sampler.unusable_while_waiting,
             wall_s=time.perf_counter() - started,
         )
 
@@ -318,7 +205,7 @@ class Replay:
                 for victim in preempt.victims:
                     preempted = self._preempt(victim.job, now) or preempted
             for admit in decisions.admitted:
-                self._start(admit, now)
+                self.executor.start(admit, now, core.running.get(admit.job))
             if decisions.next_wakeup is not None:
                 self._wake_at(decisions.next_wakeup)
             # The real core admits everything it can in one cycle; it may do more at the
@@ -327,53 +214,19 @@ class Replay:
             again = (
                 preempted
                 or bool(decisions.stats.get("truncated"))
-                or (isinstance(core, _SnapshotCore) and bool(decisions.admitted))
+                or (isinstance(core, SnapshotCore) and bool(decisions.admitted))
             )
             if not again or not core.pending_count:
                 break
 
-    def _sample(self, now: float) -> None:
-        """Close the interval since the last instant (time-weighted: GPUs held and free
-        GPUs no waiting job could use, while jobs wait) and measure the new state."""
-        span = now - self._sampled_at
-        if span > 0 and self._waiting_state is not None:
-            held, unusable = self._waiting_state
-            self.waiting_s += span
-            self.held_while_waiting += held * span
-            self.unusable_while_waiting += unusable * span
-        self._sampled_at = now
-        core = self.core
-        if not isinstance(core, Session) or not core.pending_count:
-            self._waiting_state = None
-            return
-        known = self._waiting_state[1] if self._waiting_state is not None else None
-        if known is not None and now - self._fragment_at < self._fragment_every:
-            unusable = known
-        else:
-            # Looking at every node is costly: about 2,000 times over the replay.
-            self._fragment_at = now
-            shapes = core.waiting_shapes(per_queue=16)
-            unusable = 0
-            for node in core.state.placer.nodes.values():
-                free = node.free.get(GPU, 0)
-                if free > 0 and not any(node.fits(shape) for shape in shapes):
-                    unusable += free
-        self._waiting_state = (self.held_gpus, unusable)
-
-    def _track_shortfalls(self, now: float, *, last: bool = False) -> None:
-        """Open and close the queues' guarantee shortfalls after the cycles at ``now``."""
-        core = self.core
-        if not isinstance(core, Session):
-            return
-        short = set() if last or not core.pending_count else set(core.short_of_guarantee())
-        owed = self._owed
-        for queue in short - owed.keys():
-            owed[queue] = now
-        for queue in list(owed.keys() - short):
-            start = owed.pop(queue)
-            end = self._last_instant if last else now
-            self.shortfalls.append(Shortfall(queue=queue, start=start, end=end))
-        self._last_instant = now
+    def _preempt(self, job_id: str, now: float) -> bool:
+        """Stop a victim in the executor and hand it back to the core as pending."""
+        request = self.executor.preempt(job_id, now)
+        if request is None:
+            return False
+        self.core.gone(job_id)
+        self.core.submit(request)
+        return True
 
     def _wake_at(self, at: float) -> None:
         """Jobs held back by time alone (a time window) need a cycle when it opens: no
@@ -381,160 +234,6 @@ class Replay:
         if at not in self._wakeup_set:
             self._wakeup_set.add(at)
             heapq.heappush(self.wakeups, at)
-
-    # -- the simulated executor -------------------------------------------------------
-
-    def _predict(self, now: float) -> None:
-        """Forecast, after the cycles at ``now``, when each sampled job that arrived at
-        ``now`` will start: at once if it already has, else as the session foresees it
-        with run times learned from the jobs finished so far."""
-        began = time.perf_counter()
-        core = self.core
-        for job_id in self._to_predict:
-            result = self.results[job_id]
-            result.sampled = True
-            if result.first_start is not None:
-                result.predicted_start = result.first_start
-            elif isinstance(core, Session):
-                result.predicted_start = forecast_start(core, job_id, self.history, now=now)
-        self._to_predict.clear()
-        self.forecast_s += time.perf_counter() - began
-
-    def _arrive(self, job_id: str, now: float) -> None:
-        self._arrived += 1
-        if self.predict_every and self._arrived % self.predict_every == 0:
-            self._to_predict.append(job_id)
-        trace = self.traces[job_id]
-        job = pending_job(
-            trace,
-            self.cluster,
-            submit_time=self.results[job_id].submit,
-            oracle=self.policy.oracle,
-        )
-        self.requests[job_id] = job
-        self.core.submit(job)
-
-    def _start(self, admit: Admit, now: float) -> None:
-        job = self.requests.get(admit.job)
-        if job is None or admit.job in self.running:
-            state = "running" if admit.job in self.running else "not pending"
-            raise ReplayError(f"the scheduler admitted job {admit.job}, which is {state}")
-        if len(admit.placements) != job.replica_count:
-            raise ReplayError(
-                f"the scheduler placed {len(admit.placements)} of job {admit.job}'s "
-                f"{job.replica_count} replicas; gangs start whole"
-            )
-        usage: list[tuple[str, dict[str, int]]] = []
-        per_node: dict[str, int] = {}
-        for placement in admit.placements:
-            node = placement.node
-            capacity = self.capacity.get(node)
-            if capacity is None:
-                raise ReplayError(f"job {admit.job} placed on unknown or unhealthy node {node}")
-            used = self.used[node]
-            for key, amount in placement.resources.items():
-                total = used.get(key, 0) + amount
-                if total > capacity.get(key, 0):
-                    raise ReplayError(
-                        f"job {admit.job} over-commits {key} on node {node} at t={now:g}: "
-                        f"{total} of {capacity.get(key, 0)} milli-units"
-                    )
-                used[key] = total
-            self.held_gpus += placement.resources.get(GPU, 0)
-            usage.append((node, dict(placement.resources)))
-            per_node[node] = per_node.get(node, 0) + placement.resources.get(GPU, 0)
-        trace = self.traces[admit.job]
-        result = self.results[admit.job]
-        result.attempts += 1
-        if result.first_start is None:
-            result.first_start = now
-        runtime, outcome = trace.duration, SUCCEEDED
-        if trace.max_runtime is not None and trace.duration > trace.max_runtime:
-            runtime, outcome = trace.max_runtime, FAILED
-        # The scheduler saw an expected runtime only under an oracle policy.
-        running = self.core.running[job.id]
-        self.running[job.id] = _Run(
-            running=running,
-            attempt=result.attempts,
-            end=now + runtime,
-            outcome=outcome,
-            gpus=sum(per_node.values()),
-            nodes=tuple(per_node.items()),
-            usage=usage,
-        )
-        self._seq += 1
-        heapq.heappush(self.completions, (now + runtime, self._seq, job.id, result.attempts))
-
-    def _release(self, run: _Run) -> None:
-        for node, resources in run.usage:
-            used = self.used[node]
-            for key, amount in resources.items():
-                used[key] -= amount
-            self.held_gpus -= resources.get(GPU, 0)
-
-    def _record(self, job_id: str, run: _Run, end: float, outcome: str) -> None:
-        result = self.results[job_id]
-        start = run.running.start_time
-        result.gpu_seconds += run.gpus * (end - start)
-        self.attempts.append(
-            Attempt(
-                job_id=job_id,
-                queue=result.queue,
-                attempt=run.attempt,
-                submit=result.submit,
-                start=start,
-                end=end,
-                gpus=run.gpus,
-                nodes=run.nodes,
-                outcome=outcome,
-            )
-        )
-
-    def _complete(self, job_id: str, attempt: int, now: float) -> bool:
-        run = self.running.get(job_id)
-        if run is None or run.attempt != attempt:
-            return False
-        del self.running[job_id]
-        self.core.gone(job_id)
-        self._release(run)
-        self._record(job_id, run, now, run.outcome)
-        result = self.results[job_id]
-        result.end = now
-        result.outcome = run.outcome
-        self.history.record(result.queue, run.gpus, now - run.running.start_time)
-        return True
-
-    def _preempt(self, job_id: str, now: float) -> bool:
-        run = self.running.pop(job_id, None)
-        if run is None:
-            return False
-        self.core.gone(job_id)
-        self._release(run)
-        self._record(job_id, run, now, PREEMPTED)
-        result = self.results[job_id]
-        result.preempted += 1
-        self.preemptions += 1
-        self.core.submit(self.requests[job_id])
-        return True
-
-    def _unfinished(self, job_id: str) -> None:
-        result = self.results[job_id]
-        request = self.requests[job_id]
-        self.attempts.append(
-            Attempt(
-                job_id=job_id,
-                queue=result.queue,
-                attempt=result.attempts + 1,
-                submit=result.submit,
-                start=None,
-                end=None,
-                gpus=request.gpus,
-                nodes=(),
-                outcome=UNFINISHED,
-            )
-        )
-        result.outcome = UNFINISHED
-        result.end = None
 
 
 def replay(
