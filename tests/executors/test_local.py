@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from allotment.domain.lifecycle import FailureClass
 from allotment.executors.base import LaunchRequest, ReplicaPhase, ReplicaStatus
 from allotment.executors.failures import classify
@@ -221,3 +223,31 @@ def test_stop_of_an_unknown_or_ended_replica_does_nothing(
     executor.stop(req.key, grace_s=1)
     assert executor.observe()[req.key].exit_code == 0
     assert not executor.observe()[req.key].stop_requested
+
+
+def test_a_supervisor_that_records_its_end_and_exits_between_two_looks_is_not_lost(
+    executor: LocalExecutor, tmp_path: Path, wait_for: Wait, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the crash-loop campaign: observe read the state file (no end yet), then
+    the supervisor recorded the end and exited before observe checked it was alive. The
+    replica ended normally; it must not be reported lost (a ``node_failure`` retry)."""
+    gate = tmp_path / "gate"
+    req = python(
+        f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.02)", tmp_path
+    )
+    executor.launch(req)
+    wait_for(executor, req.key, running)
+    observer = LocalExecutor(executor.state_root)  # never knew the supervisor
+    alive = LocalExecutor._alive
+
+    def end_then_look(self: LocalExecutor, key: object, pid: int) -> bool:
+        gate.touch()  # the replica exits 0; its supervisor records it and exits
+        deadline = time.monotonic() + 30
+        while alive(self, key, pid) and time.monotonic() < deadline:  # type: ignore[arg-type]
+            time.sleep(0.02)
+        return False
+
+    monkeypatch.setattr(LocalExecutor, "_alive", end_then_look)
+    status = observer.observe()[req.key]
+    assert (status.phase, status.exit_code) == (ReplicaPhase.EXITED, 0)
+    assert classify(status) is None

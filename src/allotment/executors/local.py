@@ -80,6 +80,16 @@ def _segment(text: str) -> str:
     return quote(text, safe="").replace(".", "%2E")
 
 
+def _common(state: Mapping[str, Any]) -> dict[str, Any]:
+    """What every status of a replica reports from its state file."""
+    return {
+        "pid": state.get("pid"),
+        "started_at": state.get("started_at"),
+        "stop_requested": bool(state.get("stop_requested", False)),
+        "detail": str(state.get("detail", "")),
+    }
+
+
 def _age(path: Path) -> float:
     try:
         return time.time() - path.stat().st_mtime
@@ -438,12 +448,18 @@ class LocalExecutor(Executor):
         self, key: ReplicaKey, directory: Path, processes: Callable[[], dict[int, ProcessInfo]]
     ) -> ReplicaStatus:
         state = read_json(directory / STATE_FILE) or {}
-        common: dict[str, Any] = {
-            "pid": state.get("pid"),
-            "started_at": state.get("started_at"),
-            "stop_requested": bool(state.get("stop_requested", False)),
-            "detail": str(state.get("detail", "")),
-        }
+        if "ended_at" not in state:
+            supervisor = self._supervisor_pid(directory, state)
+            if supervisor is not None and self._alive(key, supervisor):
+                phase = ReplicaPhase.RUNNING if "pid" in state else ReplicaPhase.STARTING
+                return ReplicaStatus(phase=phase, **_common(state))
+            if supervisor is None and _age(directory / SPEC_FILE) < LAUNCH_WINDOW_S:
+                # Launched a moment ago by another instance: launch.json is not written yet.
+                return ReplicaStatus(phase=ReplicaPhase.STARTING, **_common(state))
+            # The supervisor may have recorded the end and exited since the first read:
+            # only a supervisor gone with no end recorded, read after it was gone, is lost.
+            state = read_json(directory / STATE_FILE) or {}
+        common = _common(state)
         if "ended_at" in state:
             sig = state.get("signal")
             return ReplicaStatus(
@@ -457,13 +473,6 @@ class LocalExecutor(Executor):
                 start_error=bool(state.get("start_error", False)),
                 **common,
             )
-        supervisor = self._supervisor_pid(directory, state)
-        if supervisor is not None and self._alive(key, supervisor):
-            phase = ReplicaPhase.RUNNING if "pid" in state else ReplicaPhase.STARTING
-            return ReplicaStatus(phase=phase, **common)
-        if supervisor is None and _age(directory / SPEC_FILE) < LAUNCH_WINDOW_S:
-            # Launched a moment ago by another instance: launch.json is not written yet.
-            return ReplicaStatus(phase=ReplicaPhase.STARTING, **common)
         left = _left(state, processes())
         common["detail"] = (
             f"supervisor gone without recording an end; {len(left)} of its processes still run"
