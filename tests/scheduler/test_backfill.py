@@ -75,3 +75,26 @@ def test_backfill_depth_bounds_the_work() -> None:
     assert decisions.stats["examined"] == 4  # big, then 3 more past it
     assert set(codes(decisions).values()) <= {"no_node_fits", "behind_higher_priority"}
     assert len(decisions.waiting) == 21
+
+
+def test_a_borrower_gets_no_reservation_a_job_within_its_guarantee_does() -> None:
+    """Capacity held idle for a borrower is wasted: reclaim may evict it as soon as it
+    starts. A job within its guarantee is still protected by a reservation."""
+    cluster = (
+        ClusterBuilder()
+        .pool("a100", nodes=2)
+        .leaf("a", quota={"a100": {"gpu": 8}})
+        .leaf("b", quota={"a100": {"gpu": 8}})
+        .build()
+    )
+    runs = [
+        running("r0", "a", "a100-00", gpu=4, end=NOW + 3600),
+        running("r1", "a", "a100-01", gpu=4, end=NOW + 7200),
+    ]
+    # a uses 8 of its 8: its 8-GPU job would borrow all of it.
+    borrower = cycle(cluster, [job("big", "a", gpu=8)], runs)
+    assert codes(borrower) == {"big": "no_node_fits"}
+    assert borrower.reservations == {}
+    # b uses nothing: the same job is within its guarantee.
+    owner = cycle(cluster, [job("big", "b", gpu=8)], runs)
+    assert owner.reservations == {"big": NOW + 3600}

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from allotment.scheduler.decisions import Decisions
 from allotment.scheduler.snapshot import SchedulerPolicy
 
 from .builders import NOW, ClusterBuilder, admitted, codes, cycle, job, running
@@ -137,3 +140,49 @@ def test_weight_scales_the_share() -> None:
         runs,
     )
     assert admitted(decisions) == ["a2"]
+
+
+def quota_short_head(queueing: str | None = None, **policy: Any) -> Decisions:
+    """Queue a (4 GPUs guaranteed, nothing to borrow) runs 2; its head asks 4, the job
+    behind it 2. The node has room for both."""
+    extra = {} if queueing is None else {"queueing": queueing}
+    cluster = (
+        ClusterBuilder()
+        .pool("a100", nodes=1)
+        .leaf("a", quota={"a100": {"gpu": 4}}, borrowing_limit={"a100": {"gpu": 0}}, **extra)
+        .leaf("b", quota={"a100": {"gpu": 4}})
+        .build()
+    )
+    return cycle(
+        cluster,
+        [job("head", "a", gpu=4, submit=NOW - 20), job("small", "a", gpu=2, submit=NOW - 10)],
+        [running("a-run", "a", "a100-00", gpu=2)],
+        policy=SchedulerPolicy(**policy),
+    )
+
+
+def test_a_head_short_of_quota_lets_the_jobs_behind_it_that_fit_start() -> None:
+    decisions = quota_short_head()
+    assert admitted(decisions) == ["small"]
+    assert codes(decisions)["head"] == "quota_exhausted"
+
+
+def test_a_strict_queue_starts_nothing_past_a_head_short_of_quota() -> None:
+    decisions = quota_short_head("strict")
+    assert admitted(decisions) == []
+    assert codes(decisions) == {"head": "quota_exhausted", "small": "behind_higher_priority"}
+    assert decisions.waiting["small"].detail["blocking_job"] == "head"
+
+
+def test_queueing_is_inherited_and_strict_fifo_policies_are_strict_everywhere() -> None:
+    cluster = (
+        ClusterBuilder()
+        .pool("a100", nodes=1)
+        .parent("org", queueing="strict")
+        .leaf("a", parent="org", quota={"a100": {"gpu": 4}})
+        .leaf("b", parent="org", quota={"a100": {"gpu": 4}}, queueing="best_effort")
+        .build()
+    )
+    assert cluster.queues["a"].strict and not cluster.queues["b"].strict
+    decisions = quota_short_head(strict_fifo=True)
+    assert admitted(decisions) == []

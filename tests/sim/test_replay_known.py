@@ -446,15 +446,15 @@ def test_a_borrowing_gang_is_reclaimed_whole_and_restarts_whole(
     """The 2 x 4 GPU gang borrows team-b's node at t=0. b1 (team-b) arrives at 3: the
     whole gang stops (both replicas) and b1 starts. The gang, back to pending with submit
     time 0, heads team-a's queue; it needs to borrow 4 GPUs while b1 leaves team-b only 2
-    to lend, so it is short of quota and holds up a1 and a2 behind it (a head short of
-    quota blocks its queue). b1 ends at 13: the gang restarts whole and runs its full
-    10 s; a1 and a2 follow at 23."""
+    to lend, so it is short of quota. A head short of quota does not idle its queue's
+    share (best effort): a1, behind it, fits team-a's own quota and runs 3-13. b1 and a1
+    end at 13: the gang restarts whole and runs its full 10 s; a2 follows at 23."""
     result = run(tiny_cluster, NEVER + AFTER, policy)
     assert spans(result) == {
         "huge": [(None, None, "unfinished")],
         "gang": [(0, 3, "preempted"), (13, 23, "succeeded")],
         "b1": [(3, 13, "succeeded")],
-        "a1": [(23, 33, "succeeded")],
+        "a1": [(3, 13, "succeeded")],
         "a2": [(23, 33, "succeeded")],
     }
     for attempt in (a for a in result.attempts if a.job_id == "gang"):

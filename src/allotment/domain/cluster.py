@@ -133,6 +133,9 @@ class NodeEntry(Model):
 
 
 PreemptionMode = Literal["never", "lower_priority", "any"]
+Queueing = Literal["best_effort", "strict"]
+"""A queue's order: ``best_effort`` (a head short of quota lets the jobs behind it that
+fit start) or ``strict`` (nothing starts past a head that waits for quota)."""
 
 
 class PreemptionPolicy(Model):
@@ -189,6 +192,8 @@ class QueueSpec(Model):
     max_job_replicas: int | None = Field(default=None, ge=1, le=MAX_JOB_REPLICAS)
     """The most replicas one job may have; inherited by queues below that set none."""
     max_wait: Duration | None = None
+    queueing: Queueing | None = None
+    """``best_effort`` (default) or ``strict``; inherited by queues below that set none."""
     preemption: PreemptionPolicy = Field(default_factory=PreemptionPolicy)
     time_windows: list[TimeWindowSpec] = Field(default_factory=list)
     retry: RetryPolicy | None = None
@@ -278,6 +283,12 @@ class Queue:
         or its nearest ancestor's, else :data:`MAX_JOB_REPLICAS`."""
         most = self.inherited(lambda spec: spec.max_job_replicas)
         return MAX_JOB_REPLICAS if most is None else most
+
+    @property
+    def strict(self) -> bool:
+        """Whether this queue keeps strict order (its own ``queueing`` or its nearest
+        ancestor's; ``best_effort`` when none sets it)."""
+        return self.inherited(lambda spec: spec.queueing) == "strict"
 
     def ancestors(self) -> Iterator[Queue]:
         node = self.parent

@@ -8,7 +8,8 @@ Pure: no clock (``now`` is in the snapshot), no I/O. The phases:
 3. **nominated** — jobs whose victims are still terminating keep their capacity;
 4. **order → nominate → admit or preempt** — queue heads in priority / fair-share
    order; each head is tried in its pools (quota, then placement), else preemption,
-   else it waits and, if short of free capacity, gets a backfill reservation;
+   else it waits and, if short of free capacity, gets a backfill reservation; a head
+   short of quota lets the jobs behind it be tried unless its queue is strict;
 5. **the rest** — every job not looked at gets a reason (what it is behind).
 """
 
@@ -24,10 +25,10 @@ from allotment.domain.reasons import Reason, ReasonCode, most_relevant
 from allotment.scheduler import ordering
 from allotment.scheduler.backfill import Reservation, Reservations, plan_reservation
 from allotment.scheduler.decisions import Admit, Decisions, Preempt
-from allotment.scheduler.gates import Gates
+from allotment.scheduler.gates import Gates, preferred_pools
 from allotment.scheduler.lines import Line, Outcome, QueueLine, group_lines
 from allotment.scheduler.placement import Claims, PlacementResult, per_node
-from allotment.scheduler.preemption import describe, find_victims
+from allotment.scheduler.preemption import VictimPlan, describe, find_victims
 from allotment.scheduler.quota import ROOT, QuotaCheck
 from allotment.scheduler.snapshot import PendingJob, Snapshot
 from allotment.scheduler.state import CycleState, Holder
@@ -111,7 +112,13 @@ class _Cycle:
                     )
                     waiting.add_run(order[name], reason)
                 continue
-            line = Line(queue=queue, jobs=pending.jobs, values=pending.values, ids=ids)
+            line = Line(
+                queue=queue,
+                jobs=pending.jobs,
+                values=pending.values,
+                ids=ids,
+                strict=self.state.policy.strict_fifo or queue.strict,
+            )
             self.line_of[name] = line
             lines.append(line)
         return lines
@@ -149,7 +156,12 @@ class _Cycle:
         pool = still[0].pool
         for holder in still:
             self.state.unhold(holder)
-        placed = self.state.placer.place(pool, job.replicas, claims=self.reservations.claims())
+        placed = self.state.placer.place(
+            pool,
+            job.replicas,
+            claims=self.reservations.claims(),
+            side=self.state.side(job.queue, pool),
+        )
         for holder in still:
             self.state.hold(holder)
         if not placed.ok:
@@ -199,7 +211,7 @@ class _Cycle:
             elif reason is not None:
                 self.decisions.waiting[job.id] = reason
             line.index += 1
-            if outcome is Outcome.QUOTA or (
+            if (outcome is Outcome.QUOTA and line.strict) or (
                 outcome is Outcome.CAPACITY
                 and self.state.policy.strict_fifo
                 and not self.state.policy.backfill
@@ -348,7 +360,8 @@ class _Cycle:
             if cached is not None:
                 placed = PlacementResult(reason=cached)
             else:
-                placed = state.placer.place(pool, job.replicas, claims=claims)
+                side = state.side(queue.name, pool)
+                placed = state.placer.place(pool, job.replicas, claims=claims, side=side)
             if placed.ok:
                 if not check.fits:
                     # Free nodes, but held back for other queues' unlent guarantees; when
@@ -417,6 +430,8 @@ class _Cycle:
                 check = state.quota.check(queue.name, pool, total)
                 if not check.fits and check.blocking_queue != ROOT:
                     continue  # short of quota, not of capacity: nothing to reserve
+                if check.borrowed:  # reclaim may evict a borrower at once: hold nothing idle
+                    continue
                 reservation = plan_reservation(state, job, pool)
                 if reservation is not None:
                     self.reservations.add(reservation)
@@ -497,11 +512,8 @@ class _Cycle:
         )
 
     def _preempt(
-        self, job: PendingJob, queue: Queue, klass: PriorityClass, pool: str, plan: object
+        self, job: PendingJob, queue: Queue, klass: PriorityClass, pool: str, plan: VictimPlan
     ) -> Reason:
-        from allotment.scheduler.preemption import VictimPlan
-
-        assert isinstance(plan, VictimPlan)
         victims = tuple(describe(h, cause, job, klass, pool) for h, cause in plan.victims)
         holders = [h for h, _ in plan.victims]
         self.taken.update(h.id for h in holders)
@@ -546,19 +558,6 @@ class _Cycle:
             if self.answered:  # nominated preemptors past the index keep their outcome
                 tail = [job for job in tail if job not in self.answered]
             waiting.add_run(tail, reason)
-
-
-def preferred_pools(state: CycleState, queue: Queue, allowed: list[str]) -> tuple[list[str], int]:
-    """The pools a queue's jobs are tried in, and how many of them (first) hold a
-    guaranteed (nominal) quota of the queue: a job uses its own guarantee before it
-    borrows. Without borrowing, only the pools where the queue names a quota (it may use
-    nothing elsewhere), unless it names none (then every open pool, so that its jobs are
-    told why they wait)."""
-    named = [p for p in allowed if p in queue.nominal]
-    if not state.policy.borrowing:
-        return (named or allowed), 0
-    guaranteed = [p for p in named if any(queue.nominal[p].as_dict().values())]
-    return guaranteed + [p for p in allowed if p not in guaranteed], len(guaranteed)
 
 
 def _quota_reason(check: QuotaCheck, pool: str, leaf: str) -> Reason:

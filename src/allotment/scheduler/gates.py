@@ -223,3 +223,16 @@ class Gates:
                 "requested": {k: format_quantity(k, v) for k, v in total.items()},
             },
         )
+
+
+def preferred_pools(state: CycleState, queue: Queue, allowed: list[str]) -> tuple[list[str], int]:
+    """The pools a queue's jobs are tried in, and how many of them (first) hold a
+    guaranteed (nominal) quota of the queue: a job uses its own guarantee before it
+    borrows. Without borrowing, only the pools where the queue names a quota (it may use
+    nothing elsewhere), unless it names none (then every open pool, so that its jobs are
+    told why they wait)."""
+    named = [p for p in allowed if p in queue.nominal]
+    if not state.policy.borrowing:
+        return (named or allowed), 0
+    guaranteed = [p for p in named if any(queue.nominal[p].as_dict().values())]
+    return guaranteed + [p for p in allowed if p not in guaranteed], len(guaranteed)

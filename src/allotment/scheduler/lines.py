@@ -133,7 +133,8 @@ class Outcome(Enum):
     GATED = auto()
     """Not runnable now for a reason of its own; the queue moves on."""
     QUOTA = auto()
-    """Out of quota; later jobs of the queue wait behind it."""
+    """Out of quota; in a strict queue later jobs wait behind it, else those that fit
+    may start (best effort)."""
     CAPACITY = auto()
     """Quota allows it, free capacity does not; it may get a reservation."""
 
@@ -152,6 +153,9 @@ class Line:
     blocker: PendingJob | None = None
     blocker_reason: Reason | None = None
     done: bool = False
+    strict: bool = False
+    """Nothing starts past a head short of quota (the queue's ``queueing: strict``, or a
+    strict-FIFO policy)."""
     pools: list[str] | None = None
     """Where the queue's jobs are tried, in order (computed on first use)."""
     allowed: list[str] | None = None

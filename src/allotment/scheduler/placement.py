@@ -6,6 +6,11 @@ take fully free devices and go to the node with the fewest free GPUs that still 
 prefer one node, then one rack (or ``block``), then anywhere in the pool, choosing the
 tightest group. A fractional GPU request (under one GPU) shares a device, best fit.
 
+Borrowers and owners are kept apart: a job of a queue with no guaranteed GPUs in the
+pool (a *guest*, whose jobs reclaim will evict) prefers nodes without the pool's own
+jobs, and an owner's job nodes without guests, even over a tighter fit; so evicting
+guests frees whole nodes, and a gang of the pool's owner can get its guarantee back.
+
 The index keeps, per pool, nodes bucketed by their number of fully free devices, so a
 fit is found without scanning the fleet, and the topology groups of each pool. Placement
 only reads; :meth:`Placer.allocate` and :meth:`Placer.release` change free capacity and
@@ -31,6 +36,9 @@ Claims = Mapping[str, Mapping[str, int]]
 Replica = tuple[str, int, Mapping[str, int]]
 """(group, index, resources) of one replica."""
 
+OWNER, GUEST = 0, 1
+"""The side of a job in a pool: its queue is guaranteed GPUs there (owner) or not."""
+
 
 class NodeState:
     """One schedulable node's free capacity, per-device free milli-GPU included."""
@@ -40,6 +48,7 @@ class NodeState:
         "device_free",
         "device_memory",
         "free",
+        "held",
         "name",
         "pool",
         "topology",
@@ -58,6 +67,9 @@ class NodeState:
         memory = self.capacity.get(GPU_MEMORY)
         self.device_memory: int | None = memory // count if memory and count else None
         """GPU memory of one device (the node's ``gpu_memory`` over its devices)."""
+        self.held = [0, 0]
+        """Milli-GPUs held here by owners' jobs and by guests' jobs (:data:`OWNER`,
+        :data:`GUEST`)."""
 
     def twin(self) -> NodeState:
         """A copy whose free capacity can change independently."""
@@ -67,7 +79,12 @@ class NodeState:
         copy.device_memory = self.device_memory
         copy.free = dict(self.free)
         copy.device_free = list(self.device_free)
+        copy.held = list(self.held)
         return copy
+
+    def mixes(self, side: int | None) -> bool:
+        """Whether a job of ``side`` here would share the node with the other side."""
+        return side is not None and self.held[1 - side] > 0
 
     def fits(self, request: Mapping[str, int], claim: Mapping[str, int] | None = None) -> bool:
         return self.suits(request) and fits_in(
@@ -163,6 +180,7 @@ class Placer:
             copy.free = dict(copy.capacity)
             copy.device_free = [MILLI] * len(copy.device_free)
             copy.whole_free = len(copy.device_free)
+            copy.held = [0, 0]
             copies.append(copy)
         return Placer(copies)
 
@@ -206,21 +224,24 @@ class Placer:
 
     # ---------------------------------------------------------------- changes
 
-    def allocate(self, placements: Iterable[ReplicaPlacement]) -> None:
-        """Take the placements' resources and devices (they must be free)."""
-        self._apply(placements, -1)
+    def allocate(self, placements: Iterable[ReplicaPlacement], side: int | None = None) -> None:
+        """Take the placements' resources and devices (they must be free), for a job of
+        ``side`` (:data:`OWNER`, :data:`GUEST`, None: neither)."""
+        self._apply(placements, -1, side)
 
-    def release(self, placements: Iterable[ReplicaPlacement]) -> None:
+    def release(self, placements: Iterable[ReplicaPlacement], side: int | None = None) -> None:
         """Give back what :meth:`allocate` took."""
-        self._apply(placements, 1)
+        self._apply(placements, 1, side)
 
-    def _apply(self, placements: Iterable[ReplicaPlacement], sign: int) -> None:
+    def _apply(self, placements: Iterable[ReplicaPlacement], sign: int, side: int | None) -> None:
         for placement in placements:
             state = self.nodes.get(placement.node)
             if state is None:
                 continue  # node gone or unhealthy: nothing to account
             before = state.whole_free
             state.apply(placement, sign)
+            if side is not None:
+                state.held[side] -= sign * placement.resources.get(GPU, 0)
             self._version[state.pool] = self._version.get(state.pool, 0) + 1
             if state.whole_free != before:
                 self._whole_free[state.pool] += state.whole_free - before
@@ -236,22 +257,26 @@ class Placer:
         replicas: Sequence[ReplicaRequest],
         *,
         claims: Claims | None = None,
+        side: int | None = None,
     ) -> PlacementResult:
         """Find a placement for every replica of a job in ``pool`` without changing
-        anything, avoiding capacity held in ``claims``."""
+        anything, avoiding capacity held in ``claims``, for a job of ``side`` (which
+        nodes it prefers)."""
         flat: list[Replica] = [(g.name, i, g.resources) for g in replicas for i in range(g.count)]
         if not flat:
             return PlacementResult()
         if not self.by_pool.get(pool):
             return PlacementResult(reason=_no_fit(pool, flat[0][2], {}, "the pool has no nodes"))
         if len(flat) == 1:
-            state = self._pick(flat[0][2], pool, None, {}, claims)
+            state = self._pick(flat[0][2], pool, None, {}, claims, side)
             if state is None:
                 return PlacementResult(reason=self._no_fit(pool, flat[0][2]))
             return self._assign(flat, [state])
-        return self._place_gang(pool, flat, claims)
+        return self._place_gang(pool, flat, claims, side)
 
-    def _place_gang(self, pool: str, flat: list[Replica], claims: Claims | None) -> PlacementResult:
+    def _place_gang(
+        self, pool: str, flat: list[Replica], claims: Claims | None, side: int | None
+    ) -> PlacementResult:
         ordered = sorted(flat, key=lambda r: (-r[2].get(GPU, 0), -r[2].get(CPU, 0)))
         total_gpu = sum(r[2].get(GPU, 0) for r in flat)
         all_whole = all(r[2].get(GPU, 0) % MILLI == 0 for r in flat)
@@ -276,7 +301,7 @@ class Placer:
             for _, _, request in flat:
                 for key, amount in request.items():
                     total[key] = total.get(key, 0) + amount
-            one = self._pick(total, pool, None, {}, claims)
+            one = self._pick(total, pool, None, {}, claims, side)
             if one is not None:
                 return self._assign(ordered, [one] * len(ordered))
         # 2. one rack or block, tightest group first
@@ -291,11 +316,11 @@ class Placer:
                     candidates.append((room, label, members))
             candidates.sort(key=lambda c: (c[0], c[1]))
             for _, _, members in candidates:
-                chosen = self._pack(ordered, pool, members, claims)
+                chosen = self._pack(ordered, pool, members, claims, side=side)
                 if chosen is not None:
                     return self._assign(ordered, chosen)
         # 3. the whole pool
-        chosen = self._pack(ordered, pool, None, claims)
+        chosen = self._pack(ordered, pool, None, claims, side=side)
         if chosen is not None:
             return self._assign(ordered, chosen)
         return PlacementResult(reason=self._gang_reason(pool, ordered, claims))
@@ -338,6 +363,7 @@ class Placer:
         claims: Claims | None,
         *,
         partial: bool = False,
+        side: int | None = None,
     ) -> list[NodeState] | None:
         """Best-fit decreasing over ``members`` (None: the whole pool, through the
         free-GPU buckets), on scratch copies of the nodes it touches. None if some
@@ -345,7 +371,7 @@ class Placer:
         scratch: dict[str, tuple[dict[str, int], list[int]]] = {}
         chosen: list[NodeState] = []
         for _, _, request in ordered:
-            best = self._pick(request, pool, members, scratch, claims)
+            best = self._pick(request, pool, members, scratch, claims, side)
             if best is None:
                 return chosen if partial else None
             if best.name not in scratch:
@@ -364,11 +390,13 @@ class Placer:
         members: list[NodeState] | None,
         scratch: Mapping[str, tuple[dict[str, int], list[int]]],
         claims: Claims | None,
+        side: int | None = None,
     ) -> NodeState | None:
         """The tightest node for one replica (fewest free whole GPUs, then least CPU),
-        seeing the nodes in ``scratch`` as changed there."""
+        seeing the nodes in ``scratch`` as changed there; one that does not mix ``side``
+        with the other side first."""
         best: NodeState | None = None
-        best_key: tuple[int, int] | None = None
+        best_key: tuple[int, int, int] | None = None
         whole, part = divmod(request.get(GPU, 0), MILLI)
         sized = GPU_MEMORY in request  # some nodes' devices may be too small for it
         if members is not None or (part and not whole) or scratch:
@@ -389,25 +417,29 @@ class Placer:
                     continue
                 claim = claims.get(state.name) if claims else None
                 if fits_in(free, devices, request, claim, full):
+                    mixes = int(state.mixes(side))
                     if part and not whole:
                         tight = min(f for f in devices if f >= part)
-                        key = (tight, full)
+                        key = (mixes, tight, full)
                     else:
-                        key = (full, free.get(CPU, 0))
+                        key = (mixes, full, free.get(CPU, 0))
                     if best_key is None or key < best_key:
                         best, best_key = state, key
             if members is not None or (part and not whole):
                 return best
         buckets = self._buckets[pool]
         for count in range(whole, len(buckets)):
-            if best_key is not None and count >= best_key[0]:
-                break
+            if best_key is not None and best_key[0] == 0 and count >= best_key[1]:
+                break  # a node that mixes nothing and is as tight is known
             for state in buckets[count].values():
                 if state.name in scratch or (sized and not state.suits(request)):
                     continue
                 claim = claims.get(state.name) if claims else None
                 if fits_in(state.free, state.device_free, request, claim, state.whole_free):
-                    return state  # the lowest bucket that fits is the tightest
+                    if not state.mixes(side):
+                        return state  # the lowest bucket that fits is the tightest
+                    if best_key is None or (1, count) < best_key[:2]:
+                        best, best_key = state, (1, count, 0)
         return best
 
     def _assign(self, ordered: list[Replica], chosen: list[NodeState]) -> PlacementResult:

@@ -154,7 +154,9 @@ def find_victims(
             return None  # not enough free GPUs yet, wherever they are
         if not state.quota.check(leaf.name, pool, total).fits:
             return None
-        placed = state.placer.place(pool, job.replicas, claims=claims)
+        placed = state.placer.place(
+            pool, job.replicas, claims=claims, side=state.side(leaf.name, pool)
+        )
         return placed if placed.ok else None
 
     if job.replica_count == 1:

@@ -13,7 +13,7 @@ from typing import Any
 
 from allotment.domain.cluster import Cluster, Node, PriorityClass
 from allotment.domain.resources import GPU, MILLI
-from allotment.scheduler.placement import Placer
+from allotment.scheduler.placement import GUEST, OWNER, Placer
 from allotment.scheduler.quota import QuotaTree
 from allotment.scheduler.snapshot import ReplicaPlacement, RunningJob, SchedulerPolicy, Snapshot
 
@@ -38,6 +38,8 @@ class Holder:
     terminating: bool = False
     fresh: bool = False
     """Admitted in this cycle (never a victim in the same cycle)."""
+    side: int | None = None
+    """Which nodes it keeps to: the pool's owners' or its guests' (:meth:`CycleState.side`)."""
 
 
 class CycleState:
@@ -100,7 +102,7 @@ class CycleState:
             state._index(holder)
             if holder.terminating:
                 state.terminating[holder.id] = holder
-            state.placer.allocate(holder.placements)
+            state.placer.allocate(holder.placements, holder.side)
             key = (holder.queue, holder.pool, holder.klass.borrow_only)
             bucket = usage.setdefault(key, {})
             for resource, amount in holder.total.items():
@@ -198,6 +200,21 @@ class CycleState:
     def queue_holders(self, pool: str, queue: str) -> Mapping[str, Holder]:
         return self.by_queue.get((pool, queue), {})
 
+    def side(self, queue: str, pool: str) -> int | None:
+        """Whether ``queue``'s jobs are the pool's own (:data:`OWNER`: the queue is
+        guaranteed GPUs there) or borrowers reclaim may evict (:data:`GUEST`); None
+        without borrowing, where nobody is a guest."""
+        if not self.policy.borrowing:
+            return None
+        key = ("side", queue, pool)
+        known: int | None = self.capacity_cache.get(key, -1)
+        if known == -1:
+            leaf = self.cluster.queues.get(queue)
+            nominal = leaf.nominal.get(pool) if leaf is not None else None
+            owns = nominal is not None and nominal.as_dict().get(GPU, 0) > 0
+            known = self.capacity_cache[key] = OWNER if owns else GUEST
+        return known
+
     def klass(self, name: str) -> PriorityClass:
         return self.cluster.priority_classes.get(name, _LOWEST)
 
@@ -212,6 +229,7 @@ class CycleState:
             placements=job.placements,
             total=job.total(),
             terminating=job.terminating,
+            side=self.side(job.queue, job.pool),
         )
 
     def hold(self, holder: Holder) -> None:
@@ -219,7 +237,7 @@ class CycleState:
         self.holders[holder.id] = holder
         self.by_pool.setdefault(holder.pool, {})[holder.id] = holder
         self._index(holder)
-        self.placer.allocate(holder.placements)
+        self.placer.allocate(holder.placements, holder.side)
         if holder.queue in self.cluster.queues and holder.pool in self.by_pool:
             self.quota.add(
                 holder.queue, holder.pool, holder.total, borrow_only=holder.klass.borrow_only
@@ -230,7 +248,7 @@ class CycleState:
         del self.holders[holder.id]
         del self.by_pool[holder.pool][holder.id]
         self._unindex(holder)
-        self.placer.release(holder.placements)
+        self.placer.release(holder.placements, holder.side)
         if holder.queue in self.cluster.queues and holder.pool in self.by_pool:
             self.quota.remove(
                 holder.queue, holder.pool, holder.total, borrow_only=holder.klass.borrow_only
@@ -257,6 +275,7 @@ class CycleState:
             placements=placements,
             total=dict(total),
             fresh=True,
+            side=self.side(queue, pool),
         )
         self._fresh.append(holder)
         return holder
