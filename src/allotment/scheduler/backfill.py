@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from allotment.scheduler.placement import NodeState, per_node
 from allotment.scheduler.snapshot import PendingJob
-from allotment.scheduler.state import CycleState, Holder
+
+if TYPE_CHECKING:
+    from allotment.scheduler.state import CycleState, Holder
 
 MAX_PLACEMENT_TRIES = 64
 

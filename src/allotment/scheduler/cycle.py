@@ -6,28 +6,33 @@ Pure: no clock (``now`` is in the snapshot), no I/O. The phases:
 2. **lines** — each leaf queue's pending jobs in order; closed queues (time windows)
    and unknown queues answered at once;
 3. **nominated** — jobs whose victims are still terminating keep their capacity;
-4. **order → nominate → admit or preempt** — queue heads in priority / fair-share
-   order; each head is tried in its pools (quota, then placement), else preemption,
-   else it waits and, if short of free capacity, gets a backfill reservation; a head
-   short of quota lets the jobs behind it be tried unless its queue is strict;
+4. **order → nominate → admit or preempt** — queue heads in priority, then the
+   policy's order; each head is tried in its pools (quota, then placement), else
+   preemption, else it waits and may get a backfill reservation; whether the jobs
+   behind a waiting head are tried depends on the policy and the queue;
 5. **the rest** — every job not looked at gets a reason (what it is behind).
+
+Where the policies differ -- the order across queues, who may be a victim, what quota a
+queue may use, who gets a reservation, and what ends a queue's line -- the cycle asks
+the state's :class:`~allotment.scheduler.policy.Rules` and reads no switch itself.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from allotment.domain.cluster import PriorityClass, Queue
 from allotment.domain.durations import format_duration, next_window_open, window_open
 from allotment.domain.reasons import Reason, ReasonCode, most_relevant
 from allotment.scheduler import ordering
-from allotment.scheduler.backfill import Reservation, Reservations, plan_reservation
+from allotment.scheduler.backfill import Reservation, Reservations
 from allotment.scheduler.decisions import Admit, Decisions, Preempt
-from allotment.scheduler.gates import Gates, preferred_pools
+from allotment.scheduler.gates import Gates
 from allotment.scheduler.lines import Line, Outcome, QueueLine, group_lines
 from allotment.scheduler.placement import Claims, PlacementResult, per_node
+from allotment.scheduler.policy import Rules
 from allotment.scheduler.preemption import VictimPlan, describe, find_victims
 from allotment.scheduler.quota import ROOT, QuotaCheck
 from allotment.scheduler.snapshot import PendingJob, Snapshot
@@ -56,6 +61,9 @@ class _Cycle:
     preemptors: list[PendingJob] = field(default_factory=list)
     line_of: dict[str, Line] = field(default_factory=dict)
     gates: Gates = field(init=False)
+    rules: Rules = field(init=False)
+    shares: dict[str, float] = field(default_factory=dict)
+    """Each queue's dominant share, as computed this cycle (dropped on an admission)."""
     examined: int = 0
     truncated: bool = False
     """A per-cycle bound stopped the cycle short: another cycle may do more."""
@@ -69,6 +77,7 @@ class _Cycle:
 
     def __post_init__(self) -> None:
         self.gates = Gates(self.state)
+        self.rules = self.state.rules
 
     # ------------------------------------------------------------ phase 2
 
@@ -117,7 +126,7 @@ class _Cycle:
                 jobs=pending.jobs,
                 values=pending.values,
                 ids=ids,
-                strict=self.state.policy.strict_fifo or queue.strict,
+                ends=self.rules.line.ends(queue),
             )
             self.line_of[name] = line
             lines.append(line)
@@ -195,9 +204,9 @@ class _Cycle:
 
     def run(self, lines: list[Line]) -> None:
         heap: list[tuple[ordering.QueueKey, int]] = []
-        shares: dict[str, float] = {}
+        share = self._share
         for i, line in enumerate(lines):
-            self._push(heap, i, line, shares)
+            self._push(heap, i, line, share)
         while heap:
             _, i = heapq.heappop(heap)
             line = lines[i]
@@ -205,17 +214,13 @@ class _Cycle:
             outcome, reason = self._try_once(job, line)
             self.examined += 1
             if outcome is Outcome.ADMITTED:
-                shares.pop(line.queue.name, None)
+                self.shares.pop(line.queue.name, None)
                 if line.blocker is not None:
                     line.admitted_past_block += 1
             elif reason is not None:
                 self.decisions.waiting[job.id] = reason
             line.index += 1
-            if (outcome is Outcome.QUOTA and line.strict) or (
-                outcome is Outcome.CAPACITY
-                and self.state.policy.strict_fifo
-                and not self.state.policy.backfill
-            ):
+            if outcome in line.ends:
                 line.blocker, line.blocker_reason = job, reason
                 line.done = True
             elif outcome is Outcome.GATED:
@@ -239,7 +244,7 @@ class _Cycle:
                     line.done = True
                     self.truncated = True
             if not line.done and line.index < len(line.jobs):
-                self._push(heap, i, line, shares)
+                self._push(heap, i, line, share)
 
     def _try_once(self, job: PendingJob, line: Line) -> tuple[Outcome, Reason | None]:
         """:meth:`_try`, or what it answered this cycle for a job asking the same."""
@@ -262,42 +267,30 @@ class _Cycle:
         heap: list[tuple[ordering.QueueKey, int]],
         i: int,
         line: Line,
-        shares: dict[str, float],
+        share: Callable[[str], float],
     ) -> None:
         # Skip jobs already answered in phase 3.
         while line.index < len(line.jobs) and line.jobs[line.index].id in self.answered:
             line.index += 1
         if line.index >= len(line.jobs):
             return
-        name = line.queue.name
-        share = shares.get(name)
-        if share is None:
-            share = shares[name] = self.state.quota.dominant_share(name)
         job = line.jobs[line.index]
-        key = ordering.across_queues_key(
-            job,
-            line.values[line.index],
-            share,
-            self.state.now,
-            self.state.policy,
-            borrows=self._borrows(job, line),
+        name = line.queue.name
+        if line.pools is None:
+            self._open_pools(line)
+        # Only a pool where the queue is guaranteed something can be within its quota.
+        borrows = self.rules.quota.borrows(self.state.quota, name, job, job.pools or line.own)
+        key = self.rules.order.key(
+            job, line.values[line.index], name, borrows, self.state.now, share
         )
         heapq.heappush(heap, (key, i))
 
-    def _borrows(self, job: PendingJob, line: Line) -> bool:
-        """Whether the job would need borrowed quota in every pool it may use."""
-        if not self.state.policy.borrowing:
-            return False
-        total = job.total()
-        quota = self.state.quota
-        if job.pools:
-            pools = job.pools
-        else:  # only a pool where the queue is guaranteed something can be within it
-            own = self._open_pools(line)
-            pools = tuple(own[: line.guaranteed])
-        return not any(
-            quota.within_nominal(line.queue.name, p, total) for p in pools if p in quota.pools
-        )
+    def _share(self, queue: str) -> float:
+        """The queue's weighted dominant-resource share (computed once per admission)."""
+        share = self.shares.get(queue)
+        if share is None:
+            share = self.shares[queue] = self.state.quota.dominant_share(queue)
+        return share
 
     def _open_pools(self, line: Line, job: PendingJob | None = None) -> list[str]:
         """Where the queue's jobs are tried (a job naming its pools: every pool open to
@@ -308,24 +301,13 @@ class _Cycle:
             known = cache.get(key)
             if known is None:
                 allowed = self.state.cluster.allowed_pools(line.queue)
-                known = cache[key] = (allowed, *preferred_pools(self.state, line.queue, allowed))
-            line.allowed, line.pools, line.guaranteed = known
+                pools, guaranteed = self.rules.quota.pools(line.queue, allowed)
+                known = cache[key] = (allowed, pools, pools[:guaranteed])
+            line.allowed, line.pools, line.own = known
         if job is not None and job.pools:
             assert line.allowed is not None
             return line.allowed
         return line.pools
-
-    def _borrow_order(self, line: Line, pools: list[str]) -> list[str]:
-        """Guaranteed pools first, then the pools to borrow from, freest first: idle
-        capacity is the least likely to be reclaimed soon."""
-        assert line.pools is not None
-        own = line.pools[: line.guaranteed]
-        rest = [p for p in pools if p not in own]
-        if len(rest) < 2:
-            return pools
-        placer = self.state.placer
-        rest.sort(key=lambda p: -placer.free_gpus(p))
-        return [p for p in pools if p in own] + rest
 
     def _try(self, job: PendingJob, line: Line) -> tuple[Outcome, Reason | None]:
         queue = line.queue
@@ -335,8 +317,8 @@ class _Cycle:
                 self.wake_at(job.not_before)
             return Outcome.GATED, gate
         state = self.state
-        if state.policy.borrowing and not job.pools:
-            pools = self._borrow_order(line, pools)
+        if not job.pools:
+            pools = self.rules.quota.try_order(state.placer, line.own, pools)
         total = job.total()
         bound = job.max_runtime if job.max_runtime is not None else job.expected_runtime
         claims = self.reservations.claims_for(state.now, bound)
@@ -383,8 +365,7 @@ class _Cycle:
                     assert unclaimed.reason is not None
                     self._remember_no_fit(pool, shape, unclaimed.reason)
             reasons.append(placed.reason)
-        preempting = state.policy.preemption or state.policy.reclaim
-        if preempting and klass.can_preempt and not held_back:
+        if not held_back and self.rules.victims.may_preempt(klass):
             for pool in pools:
                 # The world only fills up during a cycle: a search that failed fails again
                 # for the same queue, class and shape.
@@ -422,21 +403,12 @@ class _Cycle:
         reason = most_relevant(reasons)
         if reason.code is ReasonCode.QUOTA_EXHAUSTED:
             return Outcome.QUOTA, reason
-        if (
-            state.policy.backfill
-            and len(self.decisions.reservations) < state.policy.max_reservations
-        ):
-            for pool in pools:
-                check = state.quota.check(queue.name, pool, total)
-                if not check.fits and check.blocking_queue != ROOT:
-                    continue  # short of quota, not of capacity: nothing to reserve
-                if check.borrowed:  # reclaim may evict a borrower at once: hold nothing idle
-                    continue
-                reservation = plan_reservation(state, job, pool)
-                if reservation is not None:
-                    self.reservations.add(reservation)
-                    self.decisions.reservations[job.id] = reservation.start
-                    break
+        reservation = self.rules.reservations.reserve(
+            state, job, queue.name, pools, len(self.decisions.reservations)
+        )
+        if reservation is not None:
+            self.reservations.add(reservation)
+            self.decisions.reservations[job.id] = reservation.start
         return Outcome.CAPACITY, reason
 
     def _claimed(self, pool: str, claims: Claims | None) -> frozenset[object] | None:

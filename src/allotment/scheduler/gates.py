@@ -2,8 +2,9 @@
 
 An unknown or disallowed priority class, fractional GPUs above one, a retry back-off, no
 open pool, a job larger than the queue's ``max_job`` or ``max_job_replicas``, than any
-node, or than the queue's quota could ever allow. A gated job waits with its reason and
-does not hold up its queue.
+node, or than the queue's quota could ever allow (what that quota is, the policy's quota
+rule says: :meth:`~allotment.scheduler.policy.QuotaRule.ceiling`). A gated job waits
+with its reason and does not hold up its queue.
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ class Gates:
                 klass,
                 [],
             )
-        ceiling = self.quota_ceiling(queue, fitting, total)
+        ceiling = self.state.rules.quota.ceiling(queue, fitting, total)
         if ceiling is not None:
             return ceiling, klass, []
         return None, klass, fitting
@@ -187,52 +188,3 @@ class Gates:
                 empty = self._ever[("empty", pool)] = self.state.placer.empty(pool)
             known = self._ever[key] = empty.place(pool, job.replicas).ok
         return bool(known)
-
-    def quota_ceiling(self, queue: Queue, pools: list[str], total: dict[str, int]) -> Reason | None:
-        """The job can never fit its queue's quota (limits alone, ignoring other usage)."""
-        spec = queue.spec
-        for pool in pools:
-            nominal = queue.nominal.get(pool)
-            if not self.state.policy.borrowing:
-                if nominal is None:
-                    continue
-                ceiling = nominal.as_dict()
-            elif spec.borrowing_limit and pool in spec.borrowing_limit:
-                ceiling = {
-                    k: (nominal[k] if nominal else 0) + v
-                    for k, v in spec.borrowing_limit[pool].items()
-                }
-            else:
-                return None
-            if all(total.get(k, 0) <= v for k, v in ceiling.items()):
-                return None
-        if not self.state.policy.borrowing and not any(queue.nominal.get(p) for p in pools):
-            return Reason(
-                ReasonCode.EXCEEDS_QUEUE_LIMIT,
-                f"queue {queue.name} has no quota in pool(s) {', '.join(pools)} and "
-                "borrowing is off",
-                {"queue": queue.name, "pools": pools},
-            )
-        return Reason(
-            ReasonCode.EXCEEDS_QUEUE_LIMIT,
-            f"this job is larger than queue {queue.name}'s quota (with its borrowing "
-            f"limit) could ever allow in pool(s) {', '.join(pools)}",
-            {
-                "queue": queue.name,
-                "pools": pools,
-                "requested": {k: format_quantity(k, v) for k, v in total.items()},
-            },
-        )
-
-
-def preferred_pools(state: CycleState, queue: Queue, allowed: list[str]) -> tuple[list[str], int]:
-    """The pools a queue's jobs are tried in, and how many of them (first) hold a
-    guaranteed (nominal) quota of the queue: a job uses its own guarantee before it
-    borrows. Without borrowing, only the pools where the queue names a quota (it may use
-    nothing elsewhere), unless it names none (then every open pool, so that its jobs are
-    told why they wait)."""
-    named = [p for p in allowed if p in queue.nominal]
-    if not state.policy.borrowing:
-        return (named or allowed), 0
-    guaranteed = [p for p in named if any(queue.nominal[p].as_dict().values())]
-    return guaranteed + [p for p in allowed if p not in guaranteed], len(guaranteed)

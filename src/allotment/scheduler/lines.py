@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum, auto
 
 from allotment.domain.cluster import Queue
@@ -153,12 +153,12 @@ class Line:
     blocker: PendingJob | None = None
     blocker_reason: Reason | None = None
     done: bool = False
-    strict: bool = False
-    """Nothing starts past a head short of quota (the queue's ``queueing: strict``, or a
-    strict-FIFO policy)."""
+    ends: frozenset[Outcome] = frozenset()
+    """The outcomes of a head's try that end the line for the cycle: nothing past it
+    starts (the policy's line rule, for this queue)."""
     pools: list[str] | None = None
     """Where the queue's jobs are tried, in order (computed on first use)."""
     allowed: list[str] | None = None
     """Every pool open to the queue."""
-    guaranteed: int = 0
-    """How many of ``pools``, first, hold a guaranteed quota of the queue."""
+    own: list[str] = field(default_factory=list)
+    """The leading part of ``pools``: those where the queue holds a guaranteed quota."""

@@ -8,7 +8,8 @@ among equal classes, the queue with the lower weighted dominant-resource share (
 nominal quota, the largest over pools and resources) goes first, so a queue below its
 guarantee goes before one above it; waiting lowers the key by ``wait / aging_horizon``
 so that no job starves. Without fair share, equal classes are served in submission
-order across queues.
+order across queues. The key across queues is the policy's order strategy
+(:class:`~allotment.scheduler.policy.QueueOrder`); it is a :data:`QueueKey`.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from operator import attrgetter
 
-from allotment.scheduler.snapshot import PendingJob, SchedulerPolicy
+from allotment.scheduler.snapshot import PendingJob
 
 QueueKey = tuple[int, int, float, float, str]
+"""(borrows, -class value, share or submit time, submit time, job id): lower goes first."""
 UNKNOWN_VALUE = -1_000_000
 _SUBMIT_TIME = attrgetter("submit_time")
 
@@ -36,22 +38,3 @@ def sort_within_queue(jobs: list[PendingJob], values: Mapping[str, int]) -> list
         return [value_of[next(iter(names))]] * len(jobs)
     jobs.sort(key=lambda j: -value_of[j.priority_class])  # stable: FIFO within a class
     return [value_of[j.priority_class] for j in jobs]
-
-
-def across_queues_key(
-    job: PendingJob,
-    value: int,
-    share: float,
-    now: float,
-    policy: SchedulerPolicy,
-    *,
-    borrows: bool = False,
-) -> QueueKey:
-    """Sort key of a queue by its head job; lower goes first."""
-    first = 1 if borrows else 0
-    if not policy.fair_share:
-        return (first, -value, job.submit_time, job.submit_time, job.id)
-    age = 0.0
-    if policy.aging_horizon > 0:
-        age = max(0.0, now - job.submit_time) / policy.aging_horizon
-    return (first, -value, share - age, job.submit_time, job.id)

@@ -11,8 +11,11 @@ priority, then the least run time lost (the most recently started). A job may ta
 * ``borrow_only`` jobs of any queue, unless its queue says ``reclaim: never``.
 
 Never a job of a non-preemptible class, one already terminating, or one already chosen.
-The search removes candidates one by one (undoable what-ifs) until the job fits in
-quota and on nodes, then gives back every victim it can do without, and verifies.
+Which of these the policy allows -- none, reclaim only, or priority within a queue and
+reclaim -- and the candidates' order are its victim rule's
+(:class:`~allotment.scheduler.policy.VictimRule`); this module is the search. It removes
+candidates one by one (undoable what-ifs) until the job fits in quota and on nodes, then
+gives back every victim it can do without, and verifies.
 """
 
 from __future__ import annotations
@@ -39,64 +42,6 @@ class VictimPlan:
     placement: PlacementResult
 
 
-def _cause(
-    state: CycleState, job_class: PriorityClass, leaf: Queue, holder: Holder, reclaim_ok: bool
-) -> str | None:
-    klass = holder.klass
-    if not klass.preemptible or holder.terminating:
-        return None
-    policy = leaf.spec.preemption
-    if klass.borrow_only and not job_class.borrow_only:
-        same = holder.queue == leaf.name
-        if same and state.policy.preemption and policy.within_queue != "never":
-            return "borrow_only"
-        if not same and state.policy.reclaim and policy.reclaim != "never":
-            return "borrow_only"
-        return None
-    if holder.queue == leaf.name:
-        if not state.policy.preemption:
-            return None
-        mode = policy.within_queue
-        if mode == "lower_priority" and klass.value < job_class.value:
-            return "within_queue"
-        if mode == "any" and klass.value <= job_class.value:
-            return "within_queue"
-        return None
-    if not reclaim_ok:
-        return None
-    if policy.reclaim == "any" or (
-        policy.reclaim == "lower_priority" and klass.value < job_class.value
-    ):
-        return "reclaim"
-    return None
-
-
-def _victim_key(holder: Holder) -> tuple[int, int, float]:
-    return (0 if holder.klass.borrow_only else 1, holder.klass.value, -holder.start_time)
-
-
-def _victim_order(state: CycleState, leaf: Queue, pool: str, reclaim_ok: bool) -> list[Holder]:
-    """The running jobs of ``pool`` that could be victims, in the order they are given
-    up: borrow-only first, then lowest priority, then most recently started. Only the
-    queue's own jobs and borrow-only ones, unless it may reclaim from other queues;
-    never a job admitted in this cycle."""
-    pool_holders: list[Holder] = []
-    own = state.queue_holders(pool, leaf.name)
-    if state.policy.preemption and leaf.spec.preemption.within_queue != "never":
-        pool_holders.extend(own.values())
-    if reclaim_ok:
-        for (where, queue), group in state.by_queue.items():
-            if where == pool and queue != leaf.name:
-                pool_holders.extend(group.values())
-    else:
-        pool_holders.extend(
-            h for h in state.borrow_only.get(pool, {}).values() if h.queue != leaf.name
-        )
-    order = [h for h in pool_holders if not h.fresh]
-    order.sort(key=_victim_key)
-    return order
-
-
 def find_victims(
     state: CycleState,
     job: PendingJob,
@@ -112,7 +57,8 @@ def find_victims(
     if not job_class.can_preempt or job_class.borrow_only:
         return None
     total = job.total()
-    reclaim_ok = state.policy.reclaim and state.quota.within_nominal(leaf.name, pool, total)
+    rule = state.rules.victims
+    reclaim_ok = rule.may_reclaim(state, leaf, pool, total)
     releasing = _releasing(state, pool, taken) if reclaim_ok else {}
 
     def still_borrowing(queue: str) -> bool:
@@ -122,7 +68,7 @@ def find_victims(
         return state.quota.is_borrowing(queue, pool, releasing=releasing.get(queue))
 
     candidates: list[tuple[Holder, str]] = []
-    for holder in _victim_order(state, leaf, pool, reclaim_ok):
+    for holder in rule.candidates(state, leaf, pool, reclaim_ok):
         if (
             not reclaim_ok
             and not holder.klass.borrow_only
@@ -131,7 +77,7 @@ def find_victims(
             break  # ordered by value: nothing further can be a victim
         if holder.id in taken:
             continue
-        cause = _cause(state, job_class, leaf, holder, reclaim_ok)
+        cause = rule.cause(job_class, leaf, holder, reclaim_ok)
         if cause == "reclaim" and not still_borrowing(holder.queue):
             continue
         if cause is not None:

@@ -12,14 +12,16 @@ pool's capacity. A request fits when, at every level of its path,
 So idle guaranteed quota flows to siblings via the parent, a lending limit keeps part of
 it back, and a queue above its nominal is *borrowing* and may be reclaimed. Quotas limit
 only the resources they name; unnamed resources are limited by the pool's capacity.
-With borrowing switched off, a leaf may use at most the nominal it names, and nothing of
-a pool where it names nothing.
+A queue's own limit at its level of the tree comes from the policy's quota rule
+(:class:`~allotment.scheduler.policy.QuotaRule`): with borrowing, ``nominal +
+borrowing_limit`` where a borrowing limit is set; isolated, a leaf may use at most the
+nominal it names, and nothing of a pool where it names nothing.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from allotment.domain.cluster import Cluster, Queue
@@ -82,16 +84,16 @@ def _units(milli: int) -> float | int:
 
 class QuotaTree:
     """Usage and limits of the whole queue tree for every pool; mutable, with what-if
-    changes undone by :meth:`remove` (the exact inverse of :meth:`add`)."""
+    changes undone by :meth:`remove` (the exact inverse of :meth:`add`). ``limit``
+    gives a queue's own limit in a pool (``{}``: none; ``{"*": 0}``: nothing at all)."""
 
     def __init__(
         self,
         cluster: Cluster,
         capacity: Mapping[str, Mapping[str, int]],
         *,
-        borrowing: bool = True,
+        limit: Callable[[Queue, str], Amounts],
     ) -> None:
-        self.borrowing = borrowing
         self.pools = list(capacity)
         self._parent: dict[str, str] = {}
         self._chain: dict[str, tuple[str, ...]] = {}
@@ -111,31 +113,24 @@ class QuotaTree:
             self._usage[(ROOT, pool)] = {}
             self._demand[(ROOT, pool)] = {}
         for queue in cluster.queues.values():
-            self._add_queue(queue)
+            self._add_queue(queue, limit)
         for (name, pool), reserved in self._reserved.items():
             for resource, keep in reserved.items():
                 self._propagate(self._chain[name][1:], pool, resource, keep)
 
-    def _add_queue(self, queue: Queue) -> None:
+    def _add_queue(self, queue: Queue, limit: Callable[[Queue, str], Amounts]) -> None:
         name = queue.name
         self._parent[name] = queue.parent.name if queue.parent is not None else ROOT
         self._chain[name] = (name, *(a.name for a in queue.ancestors()), ROOT)
         self._children[name] = [c.name for c in queue.children]
         self._weight[name] = queue.spec.weight
-        borrow = queue.spec.borrowing_limit or {}
         lend = queue.spec.lending_limit or {}
         for pool in self.pools:
             key = (name, pool)
             nominal = queue.nominal.get(pool)
             named = nominal.as_dict() if nominal is not None else {}
             self._nominal[key] = named
-            limit: Amounts = {}
-            if not self.borrowing:
-                if queue.is_leaf:
-                    limit = dict(named) if nominal is not None else {"*": 0}
-            elif pool in borrow:
-                limit = {r: named.get(r, 0) + amount for r, amount in borrow[pool].items()}
-            self._limit[key] = limit
+            self._limit[key] = limit(queue, pool)
             reserved: Amounts = {}
             if pool in lend:
                 for r, amount in lend[pool].items():

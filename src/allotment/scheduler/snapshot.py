@@ -16,7 +16,12 @@ from allotment.domain.resources import GPU
 
 @dataclass(slots=True, kw_only=True)
 class SchedulerPolicy:
-    """How a cycle behaves; trace replay names and composes these (``fifo-isolated``...)."""
+    """How a cycle behaves; trace replay names and composes these (``fifo-isolated``...).
+
+    The switches say which strategy of each concern a cycle uses; only
+    :func:`allotment.scheduler.policy.compose` reads them. The numbers bound a cycle's
+    work or tune a strategy (``aging_horizon``, ``max_reservations``).
+    """
 
     name: str = "default"
     borrowing: bool = True

@@ -13,7 +13,8 @@ from typing import Any
 
 from allotment.domain.cluster import Cluster, Node, PriorityClass
 from allotment.domain.resources import GPU, MILLI
-from allotment.scheduler.placement import GUEST, OWNER, Placer
+from allotment.scheduler.placement import Placer
+from allotment.scheduler.policy import compose
 from allotment.scheduler.quota import QuotaTree
 from allotment.scheduler.snapshot import ReplicaPlacement, RunningJob, SchedulerPolicy, Snapshot
 
@@ -61,10 +62,12 @@ class CycleState:
         self.now = now
         self.cluster = cluster
         self.policy = policy
+        self.rules = compose(policy)
+        """The strategies of ``policy`` (:mod:`allotment.scheduler.policy`), resolved once."""
         self.placer = Placer(nodes)
         capacity: dict[str, dict[str, int]] = {pool: {} for pool in self.cluster.pools}
         capacity.update(self.placer.pool_capacity())
-        self.quota = QuotaTree(self.cluster, capacity, borrowing=self.policy.borrowing)
+        self.quota = QuotaTree(self.cluster, capacity, limit=self.rules.quota.limit)
         self.holders: dict[str, Holder] = {}
         self.by_pool: dict[str, dict[str, Holder]] = {p: {} for p in self.quota.pools}
         self.terminating: dict[str, Holder] = {}
@@ -201,19 +204,10 @@ class CycleState:
         return self.by_queue.get((pool, queue), {})
 
     def side(self, queue: str, pool: str) -> int | None:
-        """Whether ``queue``'s jobs are the pool's own (:data:`OWNER`: the queue is
-        guaranteed GPUs there) or borrowers reclaim may evict (:data:`GUEST`); None
-        without borrowing, where nobody is a guest."""
-        if not self.policy.borrowing:
-            return None
-        key = ("side", queue, pool)
-        known: int | None = self.capacity_cache.get(key, -1)
-        if known == -1:
-            leaf = self.cluster.queues.get(queue)
-            nominal = leaf.nominal.get(pool) if leaf is not None else None
-            owns = nominal is not None and nominal.as_dict().get(GPU, 0) > 0
-            known = self.capacity_cache[key] = OWNER if owns else GUEST
-        return known
+        """Whether ``queue``'s jobs are the pool's own (``OWNER``: the queue is guaranteed
+        GPUs there) or borrowers reclaim may evict (``GUEST``); None where nobody is a
+        guest. The quota rule decides (:meth:`.policy.QuotaRule.side`)."""
+        return self.rules.quota.side(self, queue, pool)
 
     def klass(self, name: str) -> PriorityClass:
         return self.cluster.priority_classes.get(name, _LOWEST)
