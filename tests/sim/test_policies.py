@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from allotment.scheduler.policy import compose
 from allotment.sim.policies import PRESETS, UnknownPolicy, parse_policy, policy_flags
 
 
@@ -47,3 +48,42 @@ def test_unknown_names_list_the_known_ones(name: str) -> None:
     for preset in PRESETS:
         assert preset in caught.value.message
     assert "+oracle" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("name", "strategies"),
+    [
+        (
+            "fifo-isolated",
+            ("SubmitOrder", "NoPreemption", "IsolatedQuota", "NoReservations", "StrictFifo"),
+        ),
+        (
+            "borrowing",
+            ("SubmitOrder", "ReclaimOnly", "BorrowingQuota", "NoReservations", "BestEffortFifo"),
+        ),
+        (
+            "fair-share",
+            ("FairShareOrder", "ReclaimOnly", "BorrowingQuota", "NoReservations", "BestEffortFifo"),
+        ),
+        ("backfill", ("SubmitOrder", "NoPreemption", "IsolatedQuota", "Backfill", "BackfillFifo")),
+        (
+            "default",
+            (
+                "FairShareOrder",
+                "PriorityAndReclaim",
+                "BorrowingQuota",
+                "Backfill",
+                "BestEffortFifo",
+            ),
+        ),
+        (
+            "borrowing+backfill",
+            ("SubmitOrder", "ReclaimOnly", "BorrowingQuota", "Backfill", "BackfillFifo"),
+        ),
+    ],
+)
+def test_presets_compose_one_strategy_per_concern(name: str, strategies: tuple[str, ...]) -> None:
+    rules = compose(parse_policy(name))
+    parts = (rules.order, rules.victims, rules.quota, rules.reservations, rules.line)
+    assert tuple(type(part).__name__ for part in parts) == strategies
+    assert compose(parse_policy(f"{name}+oracle")) == rules

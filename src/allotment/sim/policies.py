@@ -4,6 +4,11 @@ A policy name is one preset or several joined by ``+``; the flags of the parts a
 (``borrowing+backfill`` borrows *and* backfills). ``oracle`` is a modifier: added to any
 preset (``default+oracle``) it shows the scheduler each job's true duration as its
 expected runtime, an upper bound on what runtime estimates can buy.
+
+The flags are what a preset *says*; what the scheduler *does* with them is decided in one
+place, :func:`allotment.scheduler.policy.compose`, which turns them into one strategy per
+concern (order, victims, quota, reservations, line). Each preset's composition is listed
+with :data:`PRESETS`.
 """
 
 from __future__ import annotations
@@ -23,14 +28,21 @@ PRESETS: dict[str, frozenset[str]] = {
     "backfill": frozenset({"strict_fifo", "backfill"}),
     "default": frozenset({"borrowing", "preemption", "reclaim", "fair_share", "backfill"}),
 }
-"""Each preset: the flags it turns on.
+"""Each preset: the flags it turns on, and the strategies they compose to
+(:mod:`allotment.scheduler.policy`; order, victims, quota, reservations, line).
 
 - ``fifo-isolated``: every queue keeps to its own quota, strict first-in first-out, no
-  preemption -- the baseline of a static partition.
+  preemption -- the baseline of a static partition. ``SubmitOrder``, ``NoPreemption``,
+  ``IsolatedQuota``, ``NoReservations``, ``StrictFifo``.
 - ``borrowing``: idle quota is lent and reclaimed (by preemption); FIFO order.
+  ``SubmitOrder``, ``ReclaimOnly``, ``BorrowingQuota``, ``NoReservations``,
+  ``BestEffortFifo``.
 - ``fair-share``: borrowing, with equal priorities ordered by dominant-resource share.
-- ``backfill``: ``fifo-isolated`` plus backfill behind blocked heads.
-- ``default``: everything on (what production runs).
+  As ``borrowing`` with ``FairShareOrder``.
+- ``backfill``: ``fifo-isolated`` plus backfill behind blocked heads. As
+  ``fifo-isolated`` with ``Backfill`` and ``BackfillFifo``.
+- ``default``: everything on (what production runs). ``FairShareOrder``,
+  ``PriorityAndReclaim``, ``BorrowingQuota``, ``Backfill``, ``BestEffortFifo``.
 """
 
 MODIFIERS = ("oracle",)
