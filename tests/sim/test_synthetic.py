@@ -160,6 +160,11 @@ def test_any_workload_fits_and_meets_its_budget(
         days=days,
         gang_share=gang_share,
     )
+    if queues > nodes * gpus_per_node:
+        # Refused up front: every queue is guaranteed at least one GPU.
+        with pytest.raises(InvalidInput, match="more than the fleet"):
+            gang_heavy(spec)
+        return
     try:
         workload = gang_heavy(spec)
     except InvalidInput as exc:
