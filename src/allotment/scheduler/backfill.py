@@ -71,13 +71,42 @@ class Reservations:
 
 def plan_reservation(state: CycleState, job: PendingJob, pool: str) -> Reservation | None:
     """When and where ``job`` could start in ``pool`` as running jobs end (expected,
-    else maximum, end first); None if it cannot be found within the look-ahead bounds."""
-    holders = sorted(
-        state.by_pool.get(pool, {}).values(),
-        key=lambda h: (math.inf if h.end_bound is None else h.end_bound, -h.start_time),
-    )
-    if job.replica_count == 1:
-        return _one_replica(state, job, pool, holders)
+    else maximum, end first); None if it cannot be found within the look-ahead bounds.
+
+    Within a cycle the answer depends only on the pool's running jobs and the job's
+    shape: it is worked out once per shape until the pool changes."""
+    version = state.placer.version(pool)
+    key = ("reservation", pool, version, job.shape())
+    if key in state.cycle_cache:
+        known: Reservation | None = state.cycle_cache[key]
+    else:
+        holders = _ending_order(state, pool, version)
+        if job.replica_count == 1:
+            known = _one_replica(state, job, pool, holders)
+        else:
+            known = _gang(state, job, pool, holders)
+        state.cycle_cache[key] = known
+    if known is None:
+        return None
+    claims = {node: dict(claim) for node, claim in known.claims.items()}
+    return Reservation(job=job.id, pool=pool, start=known.start, claims=claims)
+
+
+def _ending_order(state: CycleState, pool: str, version: int) -> list[Holder]:
+    """The pool's running jobs, expected (else maximum) end first, then latest start."""
+    key = ("ending", pool, version)
+    order: list[Holder] | None = state.cycle_cache.get(key)
+    if order is None:
+        order = state.cycle_cache[key] = sorted(
+            state.by_pool.get(pool, {}).values(),
+            key=lambda h: (math.inf if h.end_bound is None else h.end_bound, -h.start_time),
+        )
+    return order
+
+
+def _gang(
+    state: CycleState, job: PendingJob, pool: str, holders: list[Holder]
+) -> Reservation | None:
     scratch = state.placer.scratch(pool)
     tries = 0
     for holder in holders:

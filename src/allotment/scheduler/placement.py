@@ -209,6 +209,10 @@ class Placer:
                 return True
         return False
 
+    def version(self, pool: str) -> int:
+        """How many times the pool's free capacity changed (a key for caches)."""
+        return self._version.get(pool, 0)
+
     def free_gpus(self, pool: str) -> int:
         """Whole free GPUs in the pool (milli-units)."""
         return self._whole_free.get(pool, 0) * MILLI

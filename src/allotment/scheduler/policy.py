@@ -492,8 +492,10 @@ class Backfill:
             check = state.quota.check(queue, pool, total)
             if not check.fits and check.blocking_queue != ROOT:
                 continue  # short of quota, not of capacity: nothing to reserve
-            if check.borrowed:  # reclaim may evict a borrower at once: hold nothing idle
-                continue
+            if check.borrowed or (
+                not check.fits and not state.quota.within_nominal(queue, pool, total)
+            ):
+                continue  # a borrower, whom reclaim may evict at once: hold nothing idle
             reservation = plan_reservation(state, job, pool)
             if reservation is not None:
                 return reservation

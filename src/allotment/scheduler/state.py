@@ -90,6 +90,9 @@ class CycleState:
         self.capacity_cache: dict[tuple[object, ...], Any] = {}
         """What depends on node capacities alone (which nodes a shape could ever fit),
         kept as long as the nodes are."""
+        self.cycle_cache: dict[tuple[object, ...], Any] = {}
+        """What one cycle works out from the running jobs of a pool (keyed by the pool's
+        version), forgotten when the next cycle begins."""
 
     @classmethod
     def from_snapshot(cls, snapshot: Snapshot) -> CycleState:
@@ -119,6 +122,7 @@ class CycleState:
         """Start a new cycle at ``now``: last cycle's admissions become ordinary running
         jobs (possible victims), terminating jobs are expected gone at ``now``."""
         self.now = now
+        self.cycle_cache.clear()
         for holder in self._fresh:
             holder.fresh = False
             self._bump(self.changed, holder.pool)
