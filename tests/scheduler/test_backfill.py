@@ -98,3 +98,15 @@ def test_a_borrower_gets_no_reservation_a_job_within_its_guarantee_does() -> Non
     # b uses nothing: the same job is within its guarantee.
     owner = cycle(cluster, [job("big", "b", gpu=8)], runs)
     assert owner.reservations == {"big": NOW + 3600}
+
+
+def test_no_reservation_without_a_known_start_so_nothing_is_held_idle() -> None:
+    """When no running job says when it ends (no expected runtime, no max_runtime), the
+    blocked job's start is unknown: it gets no reservation, and the job behind it takes
+    the free capacity instead of the capacity being drained for an unknown time."""
+    runs = [running("r0", "a", "a100-00", gpu=4), running("r1", "a", "a100-01", gpu=4)]
+    pending = [job("big", "a", gpu=8, submit=1), job("small", "a", gpu=4, submit=2)]
+    decisions = cycle(two_nodes().build(), pending, runs)
+    assert decisions.reservations == {}
+    assert admitted(decisions) == ["small"]
+    assert codes(decisions) == {"big": "no_node_fits"}

@@ -35,6 +35,7 @@ Pure like the rest of the core: no clock, no I/O; the numbers a strategy needs
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -478,7 +479,9 @@ class NoReservations:
 class Backfill:
     """EASY backfill: up to ``most`` jobs per cycle that are short of capacity (not of
     quota, and not borrowing: reclaim may evict a borrower at once) hold a reservation;
-    the jobs behind them start only where they do not delay it."""
+    the jobs behind them start only where they do not delay it. A reservation needs a
+    start: when no job it waits for has an expected or maximum end, none is made (it
+    would hold capacity idle for an unknown time)."""
 
     most: int
 
@@ -497,7 +500,7 @@ class Backfill:
             ):
                 continue  # a borrower, whom reclaim may evict at once: hold nothing idle
             reservation = plan_reservation(state, job, pool)
-            if reservation is not None:
+            if reservation is not None and reservation.start != math.inf:
                 return reservation
         return None
 
