@@ -71,7 +71,8 @@ class Reservations:
 
 def plan_reservation(state: CycleState, job: PendingJob, pool: str) -> Reservation | None:
     """When and where ``job`` could start in ``pool`` as running jobs end (expected,
-    else maximum, end first); None if it cannot be found within the look-ahead bounds.
+    else maximum, end first); None if it cannot be found within the look-ahead bounds,
+    or only once jobs with no known end are gone (its start is unknown).
 
     Within a cycle the answer depends only on the pool's running jobs and the job's
     shape: it is worked out once per shape until the pool changes."""
@@ -110,6 +111,8 @@ def _gang(
     scratch = state.placer.scratch(pool)
     tries = 0
     for holder in holders:
+        if holder.end_bound is None:
+            return None  # the rest have no known end either
         scratch.release(holder.placements)
         if scratch.free_gpus(pool) < job.gpus:
             continue
@@ -134,6 +137,8 @@ def _one_replica(
     request = job.replicas[0].resources
     copies: dict[str, NodeState] = {}
     for holder in holders:
+        if holder.end_bound is None:
+            return None  # the rest have no known end either
         for placement in holder.placements:
             node = copies.get(placement.node)
             if node is None:
@@ -155,4 +160,5 @@ def _one_replica(
 
 
 def _start(state: CycleState, holder: Holder) -> float:
-    return math.inf if holder.end_bound is None else max(state.now, holder.end_bound)
+    assert holder.end_bound is not None
+    return max(state.now, holder.end_bound)

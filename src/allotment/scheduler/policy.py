@@ -35,7 +35,6 @@ Pure like the rest of the core: no clock, no I/O; the numbers a strategy needs
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -500,7 +499,7 @@ class Backfill:
             ):
                 continue  # a borrower, whom reclaim may evict at once: hold nothing idle
             reservation = plan_reservation(state, job, pool)
-            if reservation is not None and reservation.start != math.inf:
+            if reservation is not None:
                 return reservation
         return None
 
