@@ -3,6 +3,8 @@ guarantee shortfalls, start forecasts and progress."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from allotment.domain.cluster import Cluster
@@ -83,6 +85,23 @@ def test_sampled_jobs_get_a_start_forecast(tiny_cluster: Cluster) -> None:
     assert stats["forecast_samples"] == 22
     assert stats["forecast_long_error_median"] == 0.0
     assert stats["forecast_s"] is not None
+
+
+def test_sampled_jobs_with_a_limit_are_forecast_from_the_share_of_it_jobs_used(
+    tiny_cluster: Cluster,
+) -> None:
+    """Twenty 4-GPU team-a jobs of 100 s declare 400 s; the forecaster learns that jobs
+    use a quarter of their limit, and foresees twelve more declaring 800 s (200 s each)."""
+    work = [replace(job(f"j{i}", i, 100, "team-a", 4), max_runtime=400) for i in range(20)]
+    work += [replace(job(f"k{i}", 3000 + i, 200, "team-a", 4), max_runtime=800) for i in range(12)]
+    replayed = Replay(tiny_cluster, work, parse_policy("fifo-isolated"), predict_every=1)
+    result = replayed.run()
+    history = replayed.forecaster.history
+    assert history.runtime("team-a", 4000, limit=800) == pytest.approx(200)
+    by_id = {j.job_id: j for j in result.jobs}
+    for i in range(1, 12):
+        late = by_id[f"k{i}"]
+        assert late.predicted_start == late.first_start == 3000 + 200 * i
 
 
 def test_progress_is_reported_per_thousand_arrivals(tiny_cluster: Cluster) -> None:

@@ -79,6 +79,8 @@ class Finished:
     """Milli-GPUs it held."""
     runtime: float
     """Replay seconds from its start to its end."""
+    limit: float | None = None
+    """Its declared ``max_runtime``, if it had one."""
 
 
 @dataclass(slots=True)
@@ -175,7 +177,8 @@ class SimulatedExecutor:
             result = self.results[job_id]
             result.end = now
             result.outcome = run.outcome
-            finished.append(Finished(job_id, result.queue, run.gpus, now - run.start))
+            limit = self.traces[job_id].max_runtime
+            finished.append(Finished(job_id, result.queue, run.gpus, now - run.start, limit))
         return finished
 
     def start(self, admit: Admit, now: float, allocation: RunningJob | None) -> None:

@@ -42,9 +42,10 @@ class StartForecaster:
         if self.every and self._arrived % self.every == 0:
             self._due.append(job_id)
 
-    def learn(self, queue: str, gpus: int, runtime: float) -> None:
-        """A job of ``queue`` holding ``gpus`` milli-GPUs ran ``runtime`` replay seconds."""
-        self.history.record(queue, gpus, runtime)
+    def learn(self, queue: str, gpus: int, runtime: float, *, limit: float | None = None) -> None:
+        """A job of ``queue`` holding ``gpus`` milli-GPUs ran ``runtime`` replay seconds,
+        under its declared ``limit`` (``max_runtime``) if it had one."""
+        self.history.record(queue, gpus, runtime, limit=limit)
 
     def predict(
         self,

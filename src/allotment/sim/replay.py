@@ -157,7 +157,9 @@ class Replay:
                 changed = True
             for finished in executor.end_due(now):
                 core.gone(finished.job_id)
-                forecaster.learn(finished.queue, finished.gpus, finished.runtime)
+                forecaster.learn(
+                    finished.queue, finished.gpus, finished.runtime, limit=finished.limit
+                )
                 changed = True
             while self.wakeups and self.wakeups[0] <= now:
                 self._wakeup_set.discard(heapq.heappop(self.wakeups))
