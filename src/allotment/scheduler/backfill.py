@@ -108,6 +108,8 @@ def _ending_order(state: CycleState, pool: str, version: int) -> list[Holder]:
 def _gang(
     state: CycleState, job: PendingJob, pool: str, holders: list[Holder]
 ) -> Reservation | None:
+    if not holders or holders[0].end_bound is None:
+        return None  # no running job there has a known end
     scratch = state.placer.scratch(pool)
     tries = 0
     for holder in holders:
