@@ -110,3 +110,27 @@ def test_no_reservation_without_a_known_start_so_nothing_is_held_idle() -> None:
     assert decisions.reservations == {}
     assert admitted(decisions) == ["small"]
     assert codes(decisions) == {"big": "no_node_fits"}
+
+
+def test_a_guest_in_another_queue_s_pool_gets_no_reservation_there() -> None:
+    """Queue b is guaranteed nothing in pool pa: its job there borrows all it uses (even
+    when the quota check fits), so it holds nothing idle for itself in pa."""
+    cluster = (
+        ClusterBuilder()
+        .pool("pa", nodes=2)
+        .pool("pb", nodes=1)
+        .leaf("a", quota={"pa": {"gpu": 16}})
+        .leaf("b", quota={"pb": {"gpu": 8}})
+        .build()
+    )
+    runs = [
+        running("a0", "a", "pa-00", gpu=4, end=NOW + 3600),
+        running("a1", "a", "pa-01", gpu=4, end=NOW + 7200),
+        running("b0", "b", "pb-00", gpu=8, end=NOW + 7200),
+    ]
+    decisions = cycle(cluster, [job("big", "b", gpu=8)], runs)
+    assert admitted(decisions) == []
+    assert decisions.reservations == {}
+    # The pool's owner, asking the same, is within its guarantee and gets one.
+    owner = cycle(cluster, [job("big", "a", gpu=8)], runs)
+    assert owner.reservations == {"big": NOW + 3600}

@@ -494,9 +494,7 @@ class Backfill:
             check = state.quota.check(queue, pool, total)
             if not check.fits and check.blocking_queue != ROOT:
                 continue  # short of quota, not of capacity: nothing to reserve
-            if check.borrowed or (
-                not check.fits and not state.quota.within_nominal(queue, pool, total)
-            ):
+            if not state.quota.within_nominal(queue, pool, total):
                 continue  # a borrower, whom reclaim may evict at once: hold nothing idle
             reservation = plan_reservation(state, job, pool)
             if reservation is not None:
