@@ -265,12 +265,18 @@ class SlurmCluster:
         )
 
     def kill_node(self, name: str) -> None:
-        """SIGKILL one node's ``slurmd`` and every job step it runs, as a dead machine."""
+        """SIGKILL one node's ``slurmd`` and every job step it runs, as a dead machine.
+        Everything is frozen first: a dead machine reports nothing, while a
+        ``slurmstepd`` that outlived its step by a moment would tell Slurm the step was
+        killed by a signal (a user's failure) before Slurm noticed the node was gone."""
         process = self.nodes.pop(name)
-        _kill_group(process)
-        for pid in _steps_of(name):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+        groups = [process.pid, *_steps_of(name)]
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for group in groups:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(group, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=10)
 
     def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """A Slurm client command (``squeue``, …) inside the namespace."""
