@@ -94,27 +94,30 @@ def plan_reservation(state: CycleState, job: PendingJob, pool: str) -> Reservati
 
 
 def _ending_order(state: CycleState, pool: str, version: int) -> list[Holder]:
-    """The pool's running jobs, expected (else maximum) end first, then latest start."""
+    """The pool's running jobs with a known end, expected (else maximum) end first, then
+    latest start. Those with no known end are left out: a plan stops where they begin."""
     key = ("ending", pool, version)
     order: list[Holder] | None = state.cycle_cache.get(key)
     if order is None:
-        order = state.cycle_cache[key] = sorted(
-            state.by_pool.get(pool, {}).values(),
-            key=lambda h: (math.inf if h.end_bound is None else h.end_bound, -h.start_time),
-        )
+        order = [h for h in state.by_pool.get(pool, {}).values() if h.end_bound is not None]
+        order.sort(key=_ending_key)
+        state.cycle_cache[key] = order
     return order
+
+
+def _ending_key(holder: Holder) -> tuple[float, float]:
+    assert holder.end_bound is not None
+    return (holder.end_bound, -holder.start_time)
 
 
 def _gang(
     state: CycleState, job: PendingJob, pool: str, holders: list[Holder]
 ) -> Reservation | None:
-    if not holders or holders[0].end_bound is None:
+    if not holders:
         return None  # no running job there has a known end
     scratch = state.placer.scratch(pool)
     tries = 0
     for holder in holders:
-        if holder.end_bound is None:
-            return None  # the rest have no known end either
         scratch.release(holder.placements)
         if scratch.free_gpus(pool) < job.gpus:
             continue
@@ -139,8 +142,6 @@ def _one_replica(
     request = job.replicas[0].resources
     copies: dict[str, NodeState] = {}
     for holder in holders:
-        if holder.end_bound is None:
-            return None  # the rest have no known end either
         for placement in holder.placements:
             node = copies.get(placement.node)
             if node is None:

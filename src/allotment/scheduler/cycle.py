@@ -20,7 +20,7 @@ the state's :class:`~allotment.scheduler.policy.Rules` and reads no switch itsel
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from allotment.domain.cluster import PriorityClass, Queue
@@ -64,6 +64,12 @@ class _Cycle:
     rules: Rules = field(init=False)
     shares: dict[str, float] = field(default_factory=dict)
     """Each queue's dominant share, as computed this cycle (dropped on an admission)."""
+    try_orders: dict[tuple[str, ...], list[str]] = field(default_factory=dict)
+    """The order a queue's jobs try pools in, per the pools open to them, as worked out
+    since the last admission (it follows free capacity)."""
+    borrowing: dict[str, dict[tuple[object, ...], bool]] = field(default_factory=dict)
+    """Per queue, whether a request (shape, pools) would borrow everywhere it may run,
+    as worked out this cycle (dropped when the queue admits a job)."""
     examined: int = 0
     truncated: bool = False
     """A per-cycle bound stopped the cycle short: another cycle may do more."""
@@ -203,55 +209,96 @@ class _Cycle:
     # ------------------------------------------------------------ phase 4
 
     def run(self, lines: list[Line]) -> None:
-        heap: list[tuple[ordering.QueueKey, int]] = []
-        share = self._share
+        heap: list[tuple[ordering.QueueKey, int, bool]] = []
         for i, line in enumerate(lines):
-            self._push(heap, i, line, share)
+            if self._skip_answered(line):
+                heapq.heappush(heap, (self._key(line), i, False))
         while heap:
-            _, i = heapq.heappop(heap)
+            key, i, resume = heapq.heappop(heap)
             line = lines[i]
-            job = line.jobs[line.index]
-            outcome, reason = self._try_once(job, line)
-            self.examined += 1
-            if outcome is Outcome.ADMITTED:
-                self.shares.pop(line.queue.name, None)
-                if line.blocker is not None:
-                    line.admitted_past_block += 1
-            elif reason is not None:
-                self.decisions.waiting[job.id] = reason
-            line.index += 1
-            if outcome in line.ends:
-                line.blocker, line.blocker_reason = job, reason
+            if resume:  # the line's next job, in its own turn from now on
+                heapq.heappush(heap, (self._key(line), i, False))
+                continue
+            self._turn(line)
+            # The jobs behind that fail as a job already tried this cycle did (same
+            # queue, class, request, pools and bound) fail now as in their turn: the
+            # world only fills up during a cycle. They are settled here, off the heap.
+            skipped, side = -1, False
+            while not line.done and self._skip_answered(line) and self._known(line):
+                borrows = self._borrows(line, line.jobs[line.index])
+                if skipped >= 0 and borrows != side:
+                    break  # keys grow from job to job only on one side of borrowing
+                skipped, side = line.index, borrows
+                self._turn(line)
+            if line.done or not self._skip_answered(line):
+                continue
+            key = self._key(line)
+            if skipped >= 0:
+                # The next job's turn comes no earlier than the last one settled would
+                # have had its turn.
+                last = self._key(line, skipped)
+                if key < last:
+                    heapq.heappush(heap, (last, i, True))
+                    continue
+            heapq.heappush(heap, (key, i, False))
+
+    def _turn(self, line: Line) -> None:
+        """Try the job at the line's index and account for the outcome."""
+        job = line.jobs[line.index]
+        outcome, reason = self._try_once(job, line)
+        self.examined += 1
+        if outcome is Outcome.ADMITTED:
+            self.shares.pop(line.queue.name, None)
+            if line.blocker is not None:
+                line.admitted_past_block += 1
+        elif reason is not None:
+            self.decisions.waiting[job.id] = reason
+        line.index += 1
+        if outcome in line.ends:
+            line.blocker, line.blocker_reason = job, reason
+            line.done = True
+        elif outcome is Outcome.GATED:
+            # A job that cannot be tried at all holds up nobody: it is not a block,
+            # only work (bounded across all queues).
+            self.past_block += 1
+            if self.past_block > self.state.policy.max_examined_past_block:
                 line.done = True
-            elif outcome is Outcome.GATED:
-                # A job that cannot be tried at all holds up nobody: it is not a block,
-                # only work (bounded across all queues).
-                self.past_block += 1
-                if self.past_block > self.state.policy.max_examined_past_block:
-                    line.done = True
+                self.truncated = True
+        elif outcome is not Outcome.ADMITTED:
+            if line.blocker is None:
+                line.blocker, line.blocker_reason = job, reason
+            line.past_block += 1
+            self.past_block += 1
+            if line.past_block > self.state.policy.backfill_depth:
+                line.done = True
+                if line.admitted_past_block:
+                    # The jobs admitted leave the line: the next cycle looks deeper.
                     self.truncated = True
-            elif outcome is not Outcome.ADMITTED:
-                if line.blocker is None:
-                    line.blocker, line.blocker_reason = job, reason
-                line.past_block += 1
-                self.past_block += 1
-                if line.past_block > self.state.policy.backfill_depth:
-                    line.done = True
-                    if line.admitted_past_block:
-                        # The jobs admitted leave the line: the next cycle looks deeper.
-                        self.truncated = True
-                elif self.past_block > self.state.policy.max_examined_past_block:
-                    line.done = True
-                    self.truncated = True
-            if not line.done and line.index < len(line.jobs):
-                self._push(heap, i, line, share)
+            elif self.past_block > self.state.policy.max_examined_past_block:
+                line.done = True
+                self.truncated = True
+
+    def _skip_answered(self, line: Line) -> bool:
+        """Move past jobs answered in phase 3; whether a job is left to try."""
+        if self.answered:
+            while line.index < len(line.jobs) and line.jobs[line.index].id in self.answered:
+                line.index += 1
+        return line.index < len(line.jobs)
+
+    def _known(self, line: Line) -> bool:
+        """Whether the job at the line's index fails as one tried this cycle did."""
+        job = line.jobs[line.index]
+        return job.not_before is None and self._failed_key(job, line) in self.failed
+
+    def _failed_key(self, job: PendingJob, line: Line) -> tuple[object, ...]:
+        bound = job.max_runtime if job.max_runtime is not None else job.expected_runtime
+        return (line.queue.name, job.priority_class, job.shape(), job.pools, bound)
 
     def _try_once(self, job: PendingJob, line: Line) -> tuple[Outcome, Reason | None]:
         """:meth:`_try`, or what it answered this cycle for a job asking the same."""
         if job.not_before is not None:  # a back-off gate is the job's own
             return self._try(job, line)
-        bound = job.max_runtime if job.max_runtime is not None else job.expected_runtime
-        key = (line.queue.name, job.priority_class, job.shape(), job.pools, bound)
+        key = self._failed_key(job, line)
         known = self.failed.get(key)
         if known is not None:
             return known
@@ -262,28 +309,32 @@ class _Cycle:
             self.failed[key] = (outcome, reason)
         return outcome, reason
 
-    def _push(
-        self,
-        heap: list[tuple[ordering.QueueKey, int]],
-        i: int,
-        line: Line,
-        share: Callable[[str], float],
-    ) -> None:
-        # Skip jobs already answered in phase 3.
-        while line.index < len(line.jobs) and line.jobs[line.index].id in self.answered:
-            line.index += 1
-        if line.index >= len(line.jobs):
-            return
-        job = line.jobs[line.index]
+    def _key(self, line: Line, index: int | None = None) -> ordering.QueueKey:
+        """The heap key of the line's job at ``index`` (default: the line's index)."""
+        at = line.index if index is None else index
+        job = line.jobs[at]
+        borrows = self._borrows(line, job)
+        return self.rules.order.key(
+            job, line.values[at], line.queue.name, borrows, self.state.now, self._share
+        )
+
+    def _borrows(self, line: Line, job: PendingJob) -> bool:
+        """Whether ``job`` would borrow wherever it may run. Only a pool where the queue
+        is guaranteed something can be within its quota, and that changes only when the
+        queue itself admits a job."""
         name = line.queue.name
         if line.pools is None:
             self._open_pools(line)
-        # Only a pool where the queue is guaranteed something can be within its quota.
-        borrows = self.rules.quota.borrows(self.state.quota, name, job, job.pools or line.own)
-        key = self.rules.order.key(
-            job, line.values[line.index], name, borrows, self.state.now, share
-        )
-        heapq.heappush(heap, (key, i))
+        known = self.borrowing.get(name)
+        if known is None:
+            known = self.borrowing[name] = {}
+        memo = (job.shape(), job.pools)
+        borrows = known.get(memo)
+        if borrows is None:
+            borrows = known[memo] = self.rules.quota.borrows(
+                self.state.quota, name, job, job.pools or line.own
+            )
+        return borrows
 
     def _share(self, queue: str) -> float:
         """The queue's weighted dominant-resource share (computed once per admission)."""
@@ -318,7 +369,13 @@ class _Cycle:
             return Outcome.GATED, gate
         state = self.state
         if not job.pools:
-            pools = self.rules.quota.try_order(state.placer, line.own, pools)
+            memo = (line.queue.name, *pools)
+            ordered = self.try_orders.get(memo)
+            if ordered is None:
+                ordered = self.try_orders[memo] = self.rules.quota.try_order(
+                    state.placer, line.own, pools
+                )
+            pools = ordered
         total = job.total()
         bound = job.max_runtime if job.max_runtime is not None else job.expected_runtime
         claims = self.reservations.claims_for(state.now, bound)
@@ -471,6 +528,8 @@ class _Cycle:
             runtime=runtime,
         )
         state.hold(holder)
+        self.borrowing.pop(queue.name, None)
+        self.try_orders.clear()
         self.decisions.admitted.append(
             Admit(
                 job=job.id,

@@ -130,81 +130,93 @@ class VictimRule(Protocol):
         fit ``total`` (it stays within its nominal quota)."""
         ...
 
-    def candidates(self, state: CycleState, leaf: Queue, pool: str, reclaim: bool) -> list[Holder]:
-        """The running jobs of ``pool`` that could be victims, in the order they are
-        given up (borrow-only first, then lowest priority, then latest started); never
-        a job admitted in this cycle."""
+    def candidates(
+        self,
+        state: CycleState,
+        leaf: Queue,
+        pool: str,
+        job_class: PriorityClass,
+        reclaim: bool,
+        borrowing: Callable[[str], bool],
+    ) -> list[Candidate]:
+        """The running jobs of ``pool`` that may be victims of a ``job_class`` job of
+        ``leaf``, each with its cause (``within_queue``, ``reclaim``, ``borrow_only``),
+        in the order they are given up (borrow-only first, then lowest priority, then
+        latest started); never a job admitted in this cycle, and a borrower
+        (``reclaim``) only of a queue that ``borrowing`` says still borrows there."""
         ...
 
-    def cause(
-        self, job_class: PriorityClass, leaf: Queue, holder: Holder, reclaim: bool
-    ) -> str | None:
-        """Why ``holder`` may be a victim (``within_queue``, ``reclaim``,
-        ``borrow_only``), or None."""
-        ...
 
+Candidate = tuple["Holder", str]
+"""A possible victim and its cause."""
 
-def _victim_key(holder: Holder) -> tuple[int, int, float]:
+def _victim_key(item: Candidate) -> tuple[int, int, float]:
+    holder = item[0]
     return (0 if holder.klass.borrow_only else 1, holder.klass.value, -holder.start_time)
 
 
-def _ordered(holders: Iterable[Holder]) -> list[Holder]:
-    order = [h for h in holders if not h.fresh]
-    order.sort(key=_victim_key)
-    return order
-
-
-def _own(state: CycleState, leaf: Queue, pool: str) -> Iterable[Holder]:
-    """The queue's own jobs in ``pool``, when its ``preemption.within_queue`` allows."""
-    if leaf.spec.preemption.within_queue == "never":
-        return ()
-    return state.queue_holders(pool, leaf.name).values()
-
-
-def _others(state: CycleState, leaf: Queue, pool: str, reclaim: bool) -> list[Holder]:
-    """Other queues' jobs in ``pool``: all of them when the queue may reclaim, else
-    only the borrow-only ones."""
-    if reclaim:
-        return [
-            h
-            for (where, queue), group in state.by_queue.items()
-            if where == pool and queue != leaf.name
-            for h in group.values()
-        ]
-    return [h for h in state.borrow_only.get(pool, {}).values() if h.queue != leaf.name]
+def _ordered(found: list[Candidate]) -> list[Candidate]:
+    found.sort(key=_victim_key)
+    return found
 
 
 def _may_be_victim(holder: Holder) -> bool:
-    return holder.klass.preemptible and not holder.terminating
+    return holder.klass.preemptible and not holder.terminating and not holder.fresh
 
 
-def _own_cause(job_class: PriorityClass, leaf: Queue, holder: Holder) -> str | None:
-    """A job of the preemptor's own queue: ``preemption.within_queue`` decides."""
-    klass = holder.klass
+def _own(state: CycleState, leaf: Queue, pool: str, job_class: PriorityClass) -> list[Candidate]:
+    """The queue's own jobs in ``pool`` that ``preemption.within_queue`` gives up: of a
+    lower priority (``lower_priority``) or not higher (``any``), and borrow-only ones."""
     mode = leaf.spec.preemption.within_queue
-    if klass.borrow_only and not job_class.borrow_only:
-        return "borrow_only" if mode != "never" else None
-    if mode == "lower_priority" and klass.value < job_class.value:
-        return "within_queue"
-    if mode == "any" and klass.value <= job_class.value:
-        return "within_queue"
-    return None
+    if mode == "never":
+        return []
+    out: list[Candidate] = []
+    for holder in state.queue_holders(pool, leaf.name).values():
+        if not _may_be_victim(holder):
+            continue
+        klass = holder.klass
+        if klass.borrow_only and not job_class.borrow_only:
+            out.append((holder, "borrow_only"))
+        elif klass.value < job_class.value or (mode == "any" and klass.value == job_class.value):
+            out.append((holder, "within_queue"))
+    return out
 
 
-def _other_cause(
-    job_class: PriorityClass, leaf: Queue, holder: Holder, reclaim: bool
-) -> str | None:
-    """A job of another queue: borrow-only ones unless ``preemption.reclaim`` is
-    ``never``; borrowers when the preemptor's queue may reclaim and its mode allows."""
-    klass = holder.klass
+def _others(
+    state: CycleState,
+    leaf: Queue,
+    pool: str,
+    job_class: PriorityClass,
+    reclaim: bool,
+    borrowing: Callable[[str], bool],
+) -> list[Candidate]:
+    """Other queues' jobs in ``pool`` that may be taken: borrow-only ones unless the
+    queue's ``preemption.reclaim`` is ``never``; with ``reclaim``, the jobs of queues
+    that still borrow there, as the mode allows (``any``, or ``lower_priority``)."""
     mode = leaf.spec.preemption.reclaim
-    if klass.borrow_only and not job_class.borrow_only:
-        return "borrow_only" if mode != "never" else None
-    if not reclaim:
-        return None
-    if mode == "any" or (mode == "lower_priority" and klass.value < job_class.value):
-        return "reclaim"
-    return None
+    if mode == "never":
+        return []
+    out: list[Candidate] = []
+    if reclaim:
+        for (where, queue), group in state.by_queue.items():
+            if where != pool or queue == leaf.name or not group:
+                continue
+            takes = borrowing(queue)
+            for holder in group.values():
+                if not _may_be_victim(holder):
+                    continue
+                klass = holder.klass
+                if klass.borrow_only and not job_class.borrow_only:
+                    out.append((holder, "borrow_only"))
+                elif takes and (mode == "any" or klass.value < job_class.value):
+                    out.append((holder, "reclaim"))
+        return out
+    if job_class.borrow_only:
+        return []
+    for holder in state.borrow_only.get(pool, {}).values():
+        if holder.queue != leaf.name and _may_be_victim(holder):
+            out.append((holder, "borrow_only"))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,13 +231,16 @@ class NoPreemption:
     ) -> bool:
         return False
 
-    def candidates(self, state: CycleState, leaf: Queue, pool: str, reclaim: bool) -> list[Holder]:
+    def candidates(
+        self,
+        state: CycleState,
+        leaf: Queue,
+        pool: str,
+        job_class: PriorityClass,
+        reclaim: bool,
+        borrowing: Callable[[str], bool],
+    ) -> list[Candidate]:
         return []
-
-    def cause(
-        self, job_class: PriorityClass, leaf: Queue, holder: Holder, reclaim: bool
-    ) -> str | None:
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,15 +256,16 @@ class ReclaimOnly:
     ) -> bool:
         return state.quota.within_nominal(leaf.name, pool, total)
 
-    def candidates(self, state: CycleState, leaf: Queue, pool: str, reclaim: bool) -> list[Holder]:
-        return _ordered(_others(state, leaf, pool, reclaim))
-
-    def cause(
-        self, job_class: PriorityClass, leaf: Queue, holder: Holder, reclaim: bool
-    ) -> str | None:
-        if not _may_be_victim(holder) or holder.queue == leaf.name:
-            return None
-        return _other_cause(job_class, leaf, holder, reclaim)
+    def candidates(
+        self,
+        state: CycleState,
+        leaf: Queue,
+        pool: str,
+        job_class: PriorityClass,
+        reclaim: bool,
+        borrowing: Callable[[str], bool],
+    ) -> list[Candidate]:
+        return _ordered(_others(state, leaf, pool, job_class, reclaim, borrowing))
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,15 +281,16 @@ class WithinQueueOnly:
     ) -> bool:
         return False
 
-    def candidates(self, state: CycleState, leaf: Queue, pool: str, reclaim: bool) -> list[Holder]:
-        return _ordered(_own(state, leaf, pool))
-
-    def cause(
-        self, job_class: PriorityClass, leaf: Queue, holder: Holder, reclaim: bool
-    ) -> str | None:
-        if not _may_be_victim(holder) or holder.queue != leaf.name:
-            return None
-        return _own_cause(job_class, leaf, holder)
+    def candidates(
+        self,
+        state: CycleState,
+        leaf: Queue,
+        pool: str,
+        job_class: PriorityClass,
+        reclaim: bool,
+        borrowing: Callable[[str], bool],
+    ) -> list[Candidate]:
+        return _ordered(_own(state, leaf, pool, job_class))
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,17 +305,17 @@ class PriorityAndReclaim:
     ) -> bool:
         return state.quota.within_nominal(leaf.name, pool, total)
 
-    def candidates(self, state: CycleState, leaf: Queue, pool: str, reclaim: bool) -> list[Holder]:
-        return _ordered([*_own(state, leaf, pool), *_others(state, leaf, pool, reclaim)])
-
-    def cause(
-        self, job_class: PriorityClass, leaf: Queue, holder: Holder, reclaim: bool
-    ) -> str | None:
-        if not _may_be_victim(holder):
-            return None
-        if holder.queue == leaf.name:
-            return _own_cause(job_class, leaf, holder)
-        return _other_cause(job_class, leaf, holder, reclaim)
+    def candidates(
+        self,
+        state: CycleState,
+        leaf: Queue,
+        pool: str,
+        job_class: PriorityClass,
+        reclaim: bool,
+        borrowing: Callable[[str], bool],
+    ) -> list[Candidate]:
+        own = _own(state, leaf, pool, job_class)
+        return _ordered(own + _others(state, leaf, pool, job_class, reclaim, borrowing))
 
 
 # ---------------------------------------------------------------------------- quota
@@ -491,11 +508,11 @@ class Backfill:
             return None
         total = job.total()
         for pool in pools:
+            if not state.quota.within_nominal(queue, pool, total):
+                continue  # a borrower, whom reclaim may evict at once: hold nothing idle
             check = state.quota.check(queue, pool, total)
             if not check.fits and check.blocking_queue != ROOT:
                 continue  # short of quota, not of capacity: nothing to reserve
-            if not state.quota.within_nominal(queue, pool, total):
-                continue  # a borrower, whom reclaim may evict at once: hold nothing idle
             reservation = plan_reservation(state, job, pool)
             if reservation is not None:
                 return reservation

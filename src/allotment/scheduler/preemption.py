@@ -67,23 +67,11 @@ def find_victims(
         # and it would reclaim in turn (preemption ping-pong).
         return state.quota.is_borrowing(queue, pool, releasing=releasing.get(queue))
 
-    candidates: list[tuple[Holder, str]] = []
-    for holder in rule.candidates(state, leaf, pool, reclaim_ok):
-        if (
-            not reclaim_ok
-            and not holder.klass.borrow_only
-            and (holder.klass.value > job_class.value)
-        ):
-            break  # ordered by value: nothing further can be a victim
-        if holder.id in taken:
-            continue
-        cause = rule.cause(job_class, leaf, holder, reclaim_ok)
-        if cause == "reclaim" and not still_borrowing(holder.queue):
-            continue
-        if cause is not None:
-            candidates.append((holder, cause))
-            if len(candidates) >= MAX_CANDIDATES:
-                break
+    candidates = [
+        item
+        for item in rule.candidates(state, leaf, pool, job_class, reclaim_ok, still_borrowing)
+        if item[0].id not in taken
+    ][:MAX_CANDIDATES]
     if not candidates:
         return None
     # Cheap bound first: even all candidates together plus the free capacity are short.

@@ -108,6 +108,8 @@ class QuotaTree:
         self._checked: dict[str, dict[tuple[object, ...], QuotaCheck]] = {}
         """Per pool, the answers of :meth:`check` since its usage last changed: a full
         fleet asks the same question of the same queue many times."""
+        self._shares: dict[str, float] = {}
+        """:meth:`dominant_share` per queue, since its usage last changed."""
         for pool, cap in capacity.items():
             self._nominal[(ROOT, pool)] = dict(cap)
             self._usage[(ROOT, pool)] = {}
@@ -307,6 +309,12 @@ class QuotaTree:
     def dominant_share(self, queue: str) -> float:
         """max over pools and named resources of usage / nominal, divided by weight; a
         queue with usage but no nominal quota ranks above every guaranteed share."""
+        known = self._shares.get(queue)
+        if known is None:
+            known = self._shares[queue] = self._dominant_share(queue)
+        return known
+
+    def _dominant_share(self, queue: str) -> float:
         share = 0.0
         for pool in self.pools:
             key = (queue, pool)
@@ -343,6 +351,8 @@ class QuotaTree:
     ) -> None:
         chain = self._chain[queue]
         self._checked.pop(pool, None)
+        for name in chain:
+            self._shares.pop(name, None)
         if not borrow_only:
             guaranteed = self._guaranteed[(queue, pool)]
             for resource, amount in request.items():
