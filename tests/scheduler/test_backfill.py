@@ -11,6 +11,10 @@ def two_nodes() -> ClusterBuilder:
     return ClusterBuilder().pool("a100", nodes=2).leaf("a", quota={"a100": {"gpu": 16}})
 
 
+AT_ONCE = SchedulerPolicy(reserve_after=0.0)
+"""Blocked jobs reserve as soon as they wait (the mechanism under test; by default a job
+waits ``reserve_after`` first, see the last test)."""
+
 RUNS = [
     running("r0", "a", "a100-00", gpu=4, end=NOW + 3600),
     running("r1", "a", "a100-01", gpu=4, end=NOW + 7200),
@@ -18,7 +22,7 @@ RUNS = [
 
 
 def test_blocked_job_gets_a_reservation() -> None:
-    decisions = cycle(two_nodes().build(), [job("big", "a", gpu=8)], RUNS)
+    decisions = cycle(two_nodes().build(), [job("big", "a", gpu=8)], RUNS, policy=AT_ONCE)
     assert codes(decisions) == {"big": "no_node_fits"}
     assert decisions.reservations == {"big": NOW + 3600}
 
@@ -29,7 +33,7 @@ def test_short_job_backfills_before_the_reservation() -> None:
         job("short", "a", gpu=4, submit=2, max_runtime=1800),
         job("long", "a", gpu=4, submit=3, max_runtime=86400),
     ]
-    decisions = cycle(two_nodes().build(), pending, RUNS)
+    decisions = cycle(two_nodes().build(), pending, RUNS, policy=AT_ONCE)
     # short ends before a100-00 frees up for big; long goes on a100-01, not reserved.
     assert admitted(decisions) == ["short", "long"]
     nodes = {a.job: a.placements[0].node for a in decisions.admitted}
@@ -43,7 +47,7 @@ def test_unbounded_job_may_not_take_reserved_capacity() -> None:
         job("x1", "a", gpu=4, submit=2),
         job("x2", "a", gpu=4, submit=3),
     ]
-    decisions = cycle(two_nodes().build(), pending, RUNS)
+    decisions = cycle(two_nodes().build(), pending, RUNS, policy=AT_ONCE)
     # x1 fits beside the reservation on a100-01; x2 would need the reserved a100-00.
     assert admitted(decisions) == ["x1"]
     assert decisions.admitted[0].placements[0].node == "a100-01"
@@ -92,11 +96,11 @@ def test_a_borrower_gets_no_reservation_a_job_within_its_guarantee_does() -> Non
         running("r1", "a", "a100-01", gpu=4, end=NOW + 7200),
     ]
     # a uses 8 of its 8: its 8-GPU job would borrow all of it.
-    borrower = cycle(cluster, [job("big", "a", gpu=8)], runs)
+    borrower = cycle(cluster, [job("big", "a", gpu=8)], runs, policy=AT_ONCE)
     assert codes(borrower) == {"big": "no_node_fits"}
     assert borrower.reservations == {}
     # b uses nothing: the same job is within its guarantee.
-    owner = cycle(cluster, [job("big", "b", gpu=8)], runs)
+    owner = cycle(cluster, [job("big", "b", gpu=8)], runs, policy=AT_ONCE)
     assert owner.reservations == {"big": NOW + 3600}
 
 
@@ -106,7 +110,7 @@ def test_no_reservation_without_a_known_start_so_nothing_is_held_idle() -> None:
     the free capacity instead of the capacity being drained for an unknown time."""
     runs = [running("r0", "a", "a100-00", gpu=4), running("r1", "a", "a100-01", gpu=4)]
     pending = [job("big", "a", gpu=8, submit=1), job("small", "a", gpu=4, submit=2)]
-    decisions = cycle(two_nodes().build(), pending, runs)
+    decisions = cycle(two_nodes().build(), pending, runs, policy=AT_ONCE)
     assert decisions.reservations == {}
     assert admitted(decisions) == ["small"]
     assert codes(decisions) == {"big": "no_node_fits"}
@@ -128,9 +132,29 @@ def test_a_guest_in_another_queue_s_pool_gets_no_reservation_there() -> None:
         running("a1", "a", "pa-01", gpu=4, end=NOW + 7200),
         running("b0", "b", "pb-00", gpu=8, end=NOW + 7200),
     ]
-    decisions = cycle(cluster, [job("big", "b", gpu=8)], runs)
+    decisions = cycle(cluster, [job("big", "b", gpu=8)], runs, policy=AT_ONCE)
     assert admitted(decisions) == []
     assert decisions.reservations == {}
     # The pool's owner, asking the same, is within its guarantee and gets one.
-    owner = cycle(cluster, [job("big", "a", gpu=8)], runs)
+    owner = cycle(cluster, [job("big", "a", gpu=8)], runs, policy=AT_ONCE)
     assert owner.reservations == {"big": NOW + 3600}
+
+
+def test_with_reclaim_only_a_job_that_has_waited_long_reserves() -> None:
+    """A job within its guarantee takes it back by reclaim; capacity held idle for it is
+    the last resort of one that starves: it reserves once it has waited
+    ``reserve_after``. The jobs behind a young one take what is free meanwhile."""
+    policy = SchedulerPolicy(reserve_after=3600.0)
+    young = [job("big", "a", gpu=8, submit=NOW - 60), job("x", "a", gpu=4, submit=NOW - 30)]
+    decisions = cycle(two_nodes().build(), young, RUNS, policy=policy)
+    assert decisions.reservations == {}
+    assert admitted(decisions) == ["x"]
+    old = [job("big", "a", gpu=8, submit=NOW - 3600), job("x", "a", gpu=4, submit=NOW - 30)]
+    decisions = cycle(two_nodes().build(), old, RUNS, policy=policy)
+    assert decisions.reservations == {"big": NOW + 3600}
+    assert admitted(decisions) == ["x"]  # beside the reservation, on the other node
+    assert decisions.admitted[0].placements[0].node == "a100-01"
+    # The backfill preset (no reclaim): the young job reserves at once.
+    easy = SchedulerPolicy(reserve_after=3600.0, borrowing=False, reclaim=False, strict_fifo=True)
+    decisions = cycle(two_nodes().build(), young, RUNS, policy=easy)
+    assert decisions.reservations == {"big": NOW + 3600}

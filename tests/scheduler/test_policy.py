@@ -52,9 +52,12 @@ def test_every_combination_of_switches_composes(values: tuple[bool, ...]) -> Non
 
 
 def test_the_numbers_reach_their_strategies() -> None:
-    rules = compose(SchedulerPolicy(aging_horizon=60.0, max_reservations=3))
+    rules = compose(SchedulerPolicy(aging_horizon=60.0, max_reservations=3, reserve_after=600.0))
     assert rules.order == FairShareOrder(60.0)
-    assert rules.reservations == Backfill(3)
+    assert rules.reservations == Backfill(3, 600.0)
+    # Without reclaim nothing takes a guarantee back: classic EASY backfill reserves at once.
+    easy = compose(SchedulerPolicy(reclaim=False, max_reservations=3, reserve_after=600.0))
+    assert easy.reservations == Backfill(3, 0.0)
 
 
 def _no_share(queue: str) -> float:

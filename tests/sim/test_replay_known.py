@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
+from dataclasses import replace
 
 import pytest
 
@@ -260,18 +261,34 @@ queues:
 so the pool's capacity, not the quota, is what a job waits for."""
 
 
-@pytest.mark.parametrize("policy", ["backfill", "default"])
-def test_backfill_reserves_for_a_head_blocked_by_a_full_pool(policy: str) -> None:
+BLOCKED_BY_A_FULL_POOL = [
+    job("f1", 0, 1000, gpus=4),
+    job("f2", 1, 50, gpus=2, max_runtime=60),
+    job("h", 2, 10, gpus=3),
+    job("s", 10, 100, gpus=2, max_runtime=100),
+]
+
+
+def test_backfill_reserves_for_a_head_blocked_by_a_full_pool() -> None:
     """The trace of the backfill test with a bigger quota: h is short of free capacity,
     so it gets a reservation on n02 for t=61 (README, Backfill). s (2 GPUs, bounded to
     end by 110 > 61) fits only on n02, so it must wait; h starts at 51, s at 61."""
-    work = [
-        job("f1", 0, 1000, gpus=4),
-        job("f2", 1, 50, gpus=2, max_runtime=60),
-        job("h", 2, 10, gpus=3),
-        job("s", 10, 100, gpus=2, max_runtime=100),
-    ]
-    result = run(load_cluster_text(NODE_DOWN), work, policy)
+    result = run(load_cluster_text(NODE_DOWN), BLOCKED_BY_A_FULL_POOL, "backfill")
+    assert spans(result)["h"] == [(51, 61, "succeeded")]
+    assert spans(result)["s"] == [(61, 161, "succeeded")]
+
+
+def test_default_reserves_only_for_a_job_that_has_waited_long() -> None:
+    """Under ``default`` (reclaim on) a job reserves only once it has waited
+    ``reserve_after``: h, blocked for 8 s, holds nothing, so s takes n02 at once and h
+    starts when s ends. With ``reserve_after`` below h's wait, h reserves as under
+    ``backfill``."""
+    cluster = load_cluster_text(NODE_DOWN)
+    result = run(cluster, BLOCKED_BY_A_FULL_POOL, "default")
+    assert spans(result)["s"] == [(10, 110, "succeeded")]
+    assert spans(result)["h"] == [(110, 120, "succeeded")]
+    policy = replace(parse_policy("default"), reserve_after=5.0)
+    result = replay(cluster, BLOCKED_BY_A_FULL_POOL, policy)
     assert spans(result)["h"] == [(51, 61, "succeeded")]
     assert spans(result)["s"] == [(61, 161, "succeeded")]
 

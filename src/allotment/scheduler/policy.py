@@ -150,6 +150,7 @@ class VictimRule(Protocol):
 Candidate = tuple["Holder", str]
 """A possible victim and its cause."""
 
+
 def _victim_key(item: Candidate) -> tuple[int, int, float]:
     holder = item[0]
     return (0 if holder.klass.borrow_only else 1, holder.klass.value, -holder.start_time)
@@ -494,17 +495,19 @@ class NoReservations:
 @dataclass(frozen=True, slots=True)
 class Backfill:
     """EASY backfill: up to ``most`` jobs per cycle that are short of capacity (not of
-    quota, and not borrowing: reclaim may evict a borrower at once) hold a reservation;
-    the jobs behind them start only where they do not delay it. A reservation needs a
-    start: when no job it waits for has an expected or maximum end, none is made (it
-    would hold capacity idle for an unknown time)."""
+    quota, and not borrowing: reclaim may evict a borrower at once) and have waited at
+    least ``after`` seconds hold a reservation; the jobs behind them start only where
+    they do not delay it. A reservation needs a start: when no job it waits for has an
+    expected or maximum end, none is made (it would hold capacity idle for an unknown
+    time)."""
 
     most: int
+    after: float = 0.0
 
     def reserve(
         self, state: CycleState, job: PendingJob, queue: str, pools: list[str], held: int
     ) -> Reservation | None:
-        if held >= self.most:
+        if held >= self.most or state.now - job.submit_time < self.after:
             return None
         total = job.total()
         for pool in pools:
@@ -598,6 +601,10 @@ def compose(policy: SchedulerPolicy) -> Rules:
         order=FairShareOrder(policy.aging_horizon) if policy.fair_share else SubmitOrder(),
         victims=_VICTIMS[(policy.preemption, policy.reclaim)],
         quota=BorrowingQuota() if policy.borrowing else IsolatedQuota(),
-        reservations=Backfill(policy.max_reservations) if policy.backfill else NoReservations(),
+        reservations=(
+            Backfill(policy.max_reservations, policy.reserve_after if policy.reclaim else 0.0)
+            if policy.backfill
+            else NoReservations()
+        ),
         line=line,
     )

@@ -20,7 +20,7 @@ class SchedulerPolicy:
 
     The switches say which strategy of each concern a cycle uses; only
     :func:`allotment.scheduler.policy.compose` reads them. The numbers bound a cycle's
-    work or tune a strategy (``aging_horizon``, ``max_reservations``).
+    work or tune a strategy (``aging_horizon``, ``max_reservations``, ``reserve_after``).
     """
 
     name: str = "default"
@@ -40,6 +40,11 @@ class SchedulerPolicy:
     """Seconds of waiting worth one whole unit of fair share (no starvation); 0 = off."""
     max_reservations: int = 8
     """How many blocked jobs get a backfill reservation per cycle."""
+    reserve_after: float = 4 * 3600.0
+    """With ``reclaim`` on: how long a job waits before it may hold a backfill
+    reservation. A job within its guarantee takes it back by preemption; holding
+    capacity idle for it is the last resort of one that starves. Without ``reclaim``
+    (classic EASY backfill) the first blocked jobs reserve at once."""
     backfill_depth: int = 16
     """How many jobs per queue are looked at past a blocked one in one cycle."""
     max_examined_past_block: int = 2000
