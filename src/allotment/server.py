@@ -40,6 +40,7 @@ from allotment.api.auth import AdminDigest, FirstOf, StoreTokens, token_digest
 from allotment.api.ratelimit import SERVER_DEFAULT, RateLimit
 from allotment.clientconfig import read_client_config, write_client_config
 from allotment.control.alerts import MaxWaitCheck
+from allotment.control.cluster_state import ClusterState
 from allotment.control.housekeeping import housekeeper_for
 from allotment.control.leading import LeaderElection
 from allotment.control.loop import DEFAULT_STOP_GRACE_S, ControlLoop
@@ -175,7 +176,8 @@ class Server:
         self.clock = clock
         self.engine: Engine | None = None
         self.sessions: sessionmaker[Session] | None = None
-        self.cluster: Cluster | None = None
+        self.state: ClusterState | None = None
+        """The cluster in use: owned here, shared with the API, the loop and webhooks."""
         self.loop: ControlLoop | None = None
         self.election: LeaderElection | None = None
         self.app: FastAPI | None = None
@@ -203,15 +205,14 @@ class Server:
             raise StartupError(f"cannot open the store at {url}: {exc}") from exc
         _private_sqlite_files(options.database_url)
         self.sessions = session_factory(self.engine)
-        self.cluster = self._cluster(self.sessions)
-        self.executor = self._executor(self.cluster)
-        nodes = self.executor.nodes(self.cluster)
-        if nodes is not None:
-            self.cluster = self.cluster.with_nodes(nodes)
+        cluster = self._cluster(self.sessions)
+        self.executor = self._executor(cluster)
+        self.state = ClusterState(cluster, nodes_of=self.executor.nodes)
+        self.state.apply(cluster)  # on the executor's nodes where it reports them
         self.election = LeaderElection(self.engine, self._make_runner, on_change=self._leading)
         self.token = self._admin_token()
         self.app = create_app(
-            cluster=self.cluster,
+            cluster=self.state,
             store_sessions=self.sessions,
             clock=self.clock,
             authenticator=FirstOf(
@@ -226,14 +227,10 @@ class Server:
             images=self.executor.images,
             enforcement=self.executor.enforcement,
         )
-        self.app.state.on_cluster_change = self.replace_cluster
-        self.webhooks = WebhookDeliveries(self.sessions, self._current_cluster, clock=self.clock)
+        self.app.state.on_cluster_change = self._cluster_changed
+        self.webhooks = WebhookDeliveries(self.sessions, self.state.current, clock=self.clock)
         self.webhooks.start()
         self.election.start()
-
-    def _current_cluster(self) -> Cluster:
-        assert self.cluster is not None
-        return self.cluster
 
     @property
     def work_root(self) -> Path:
@@ -245,9 +242,11 @@ class Server:
         assert self.sessions is not None
         with self.sessions() as db:
             stored = current_cluster_config(db)
+        assert self.state is not None and self.executor is not None
         if stored is not None:
-            self.cluster = load_cluster_text(stored.text, source="the stored cluster configuration")
-        assert self.cluster is not None and self.executor is not None
+            self.state.apply(
+                load_cluster_text(stored.text, source="the stored cluster configuration")
+            )
         assert self.engine is not None
         # This term's own sessions: each of their transactions proves the term first, so
         # nothing of this leader is written once another server has taken over.
@@ -255,13 +254,12 @@ class Server:
         fenced = fence(session_factory(self.engine), term)
         log.info("leading under term %d", term)
         self.loop = ControlLoop(
-            self.cluster,
+            self.state,
             fenced,
             self.executor,
             work_root=self.work_root,
             clock=self.clock,
             stop_grace_s=self.options.stop_grace_s,
-            on_cluster=self._serve_cluster,
         )
         loop = self.loop
         alerts = MaxWaitCheck(
@@ -299,14 +297,6 @@ class Server:
             listed = "\n".join(f"  - {p}" for p in problems)
             raise StartupError(f"{what} is not ready for Allotment:\n{listed}")
         return executor
-
-    def _serve_cluster(self, cluster: Cluster) -> None:
-        """The loop took new nodes from the executor: the API answers with them too,
-        on the configuration it has (which may be newer than the loop's)."""
-        if self.app is not None:
-            service = self.app.state.service
-            service.take_nodes(cluster.nodes)
-            self.cluster = service.cluster
 
     def _leading(self, leading: bool) -> None:
         if leading:
@@ -358,22 +348,12 @@ class Server:
         self.config_path = write_client_config(options.url, token, options.client_config)
         return token
 
-    def replace_cluster(self, cluster: Cluster) -> None:
-        """A new cluster configuration was applied: the loop schedules on it from its
-        next turn (its scheduler session is rebuilt from the store). With an executor
-        that reports its nodes (Slurm), the new configuration keeps the known nodes."""
-        nodes = self.executor.nodes(cluster) if self.executor is not None else None
-        if nodes is not None:
-            cluster = cluster.with_nodes(nodes)
-            self._serve_cluster(cluster)
-        self.cluster = cluster
+    def _cluster_changed(self, cluster: Cluster) -> None:
+        """A new configuration was applied (the API put it in :attr:`state`): the
+        leader's loop takes it at the start of its next turn, woken now."""
         runner = self.election.runner if self.election is not None else None
-        if runner is None:
-            return  # a follower: the leader's loop reads the stored version when it starts
-        with runner.lock:
-            runner.loop.cluster = cluster
-            runner.loop.invalidate()
-        runner.wake()
+        if runner is not None:
+            runner.wake()
 
     # ------------------------------------------------------------------ run
 
@@ -444,8 +424,8 @@ def _isolation_lines(server: Server) -> list[str]:
 def describe(server: Server) -> list[str]:
     """What ``allot up`` prints once it is ready."""
     options = server.options
-    assert server.cluster is not None and server.token is not None
-    cluster = server.cluster
+    assert server.state is not None and server.token is not None
+    cluster = server.state.current()
     gpus = sum(node.gpu_count for node in cluster.nodes.values())
     url = make_url(options.database_url).render_as_string(hide_password=True)
     return [

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from allotment.api.app import create_app
 from allotment.api.auth import Authenticator
+from allotment.control.cluster_state import ClusterState
 from allotment.control.loop import ControlLoop
 from allotment.domain.cluster import Cluster
 from allotment.domain.lifecycle import JobState
@@ -108,11 +109,12 @@ def live_stack(
     work_root = tmp_path / "work"
     state_root = tmp_path / "state"
     executor = LocalExecutor(state_root)
+    shared = ClusterState(cluster)  # as in the server: one owner, read by loop and API
     loop = ControlLoop(
-        cluster, sessions, executor, work_root=work_root, clock=time.time, stop_grace_s=1.0
+        shared, sessions, executor, work_root=work_root, clock=time.time, stop_grace_s=1.0
     )
     app = create_app(
-        cluster=cluster,
+        cluster=shared,
         store_sessions=sessions,
         clock=time.time,
         work_root=work_root,

@@ -209,6 +209,19 @@ BIGGER = (
 )
 
 
+def test_an_applied_configuration_is_what_the_loop_schedules_on(
+    live: Live, api: AllotmentClient
+) -> None:
+    """One owner of the cluster: the API applies a configuration with a new queue, and
+    the loop, at its next turn, admits and runs a job of that queue on it."""
+    text = BIGGER + "  - name: newcomers\n    tenant: me\n    quota: {local: {gpu: 1}}\n"
+    api.apply_cluster(text)
+    assert live.loop.state.version == 1  # the loop's turn has not come yet
+    job = api.submit(job_text("print('hi')", queue="newcomers"))["id"]
+    assert live.until(job, {JobState.SUCCEEDED}) is JobState.SUCCEEDED
+    assert "newcomers" in live.loop.cluster.queues and "spare" in live.loop.cluster.nodes
+
+
 def test_apply_cluster_validates_diffs_and_stores(live: Live, api: AllotmentClient) -> None:
     assert api.cluster() == {"version": None, "text": None, "sha256": None, "applied_at": None}
 

@@ -31,7 +31,8 @@ def test_the_housekeeper_samples_and_reclaims_beside_the_runner(
         "  - name: workstation\n    reclaim: {types: {notebook: {ttl: 1s}}}\n",
     )
     loop = make_loop()
-    loop.cluster = load_cluster_text(text)
+    loop.state.apply(load_cluster_text(text))
+    assert loop.sync()
     (tmp_path / "gpus.json").write_text(json.dumps({"localhost/0": {"utilization": 50}}))
     runner = LoopRunner(loop, tick_s=5.0)  # long ticks: only a wake-up turns it quickly
     keeper = housekeeper_for(loop, wake=runner.wake, lock=runner.lock, base=tmp_path)

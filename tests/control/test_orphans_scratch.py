@@ -100,7 +100,8 @@ def test_under_kill_an_orphan_replica_is_stopped_once_confirmed(
     make_loop: MakeLoop, sessions: sessionmaker[Session], tmp_path: Path
 ) -> None:
     loop = make_loop()
-    loop.cluster = load_cluster_text(CLUSTER.read_text() + "\norphans: kill\n")
+    loop.state.apply(load_cluster_text(CLUSTER.read_text() + "\norphans: kill\n"))
+    assert loop.sync()  # the loop takes the configuration in use at a turn's start
     request = stranger(loop.executor, tmp_path)
     executor_of(loop).launch(request)
     wait_until(lambda: executor_of(loop).observe()[request.key].phase.value == "running", "run")

@@ -22,13 +22,14 @@ from allotment.api.ratelimit import RateLimit, RateLimiter
 from allotment.api.routes import open_router, router
 from allotment.api.service import JobService
 from allotment.api.tokens import TokenService
+from allotment.control.cluster_state import ClusterState
 from allotment.domain.cluster import Cluster
 from allotment.scheduler.snapshot import SchedulerPolicy
 
 
 def create_app(
     *,
-    cluster: Cluster,
+    cluster: Cluster | ClusterState,
     store_sessions: sessionmaker[Session],
     clock: Callable[[], float] = time.time,
     max_body_bytes: int = MAX_BODY_BYTES,
@@ -43,7 +44,8 @@ def create_app(
     enforcement: EnforcementSource | None = None,
 ) -> FastAPI:
     """An app serving ``/api/v1`` and the dashboard for ``cluster`` on the store behind
-    ``store_sessions``.
+    ``store_sessions``. ``cluster`` is a fixed cluster, or the server's
+    :class:`~allotment.control.cluster_state.ClusterState` (shared with its loop).
 
     ``authenticator`` (see :mod:`allotment.api.auth`) decides who each request speaks
     for; without one every request is a platform admin named ``anonymous`` (tests,

@@ -21,8 +21,9 @@ from allotment.api import cluster_config, explain, fleet, schemas
 from allotment.api.errors import BatchTooLarge, IdempotencyKeyReused
 from allotment.api.logs import read_log
 from allotment.api.policy import Owned
+from allotment.control.cluster_state import ClusterState
 from allotment.control.layout import Stream
-from allotment.domain.cluster import Cluster, Node, PriorityClass, Queue
+from allotment.domain.cluster import Cluster, PriorityClass, Queue
 from allotment.domain.errors import AllotmentError, ConfigError, Conflict, Issue, MountNotAllowed
 from allotment.domain.isolation import check_execution
 from allotment.domain.job import JobSpec
@@ -126,13 +127,14 @@ class JobService:
     def __init__(
         self,
         *,
-        cluster: Cluster,
+        cluster: Cluster | ClusterState,
         sessions: sessionmaker[Session],
         clock: Callable[[], float],
         work_root: Path | None = None,
         policy: SchedulerPolicy | None = None,
     ) -> None:
-        self.cluster = cluster
+        self.state = ClusterState.of(cluster)
+        """The cluster in use (the server's, shared with the control loop)."""
         self.sessions = sessions
         self.clock = clock
         self.work_root = work_root
@@ -394,11 +396,10 @@ class JobService:
                 applied_at=config.applied_at,
             )
 
-    def take_nodes(self, nodes: dict[str, Node]) -> None:
-        """Answer with an executor's nodes (Slurm's inventory and health), keeping the
-        configuration in use (one applied meanwhile included)."""
-        with self._apply_lock:
-            self.cluster = self.cluster.with_nodes(nodes)
+    @property
+    def cluster(self) -> Cluster:
+        """The cluster in use now."""
+        return self.state.current()
 
     def apply_cluster(
         self,
@@ -430,7 +431,7 @@ class JobService:
                     session, text, at=self.clock(), applied_by=user
                 )
                 version = config.version
-            self.cluster = new
+            self.state.apply(new)
             if on_change is not None:
                 on_change(new)
         return schemas.ClusterApplied(dry_run=False, applied=written, version=version, diff=changes)

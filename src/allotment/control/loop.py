@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
 from allotment.control.allocations import allocation_json, replica_keys
+from allotment.control.cluster_state import ClusterState
 from allotment.control.launch import launch_attempt
 from allotment.control.orphans import OrphanTracker
 from allotment.control.retries import finish_attempt
@@ -95,7 +96,7 @@ class ControlLoop:
 
     def __init__(
         self,
-        cluster: Cluster,
+        cluster: Cluster | ClusterState,
         store_sessions: sessionmaker[DbSession],
         executor: Executor,
         *,
@@ -103,17 +104,17 @@ class ControlLoop:
         clock: Callable[[], float],
         policy: SchedulerPolicy | None = None,
         stop_grace_s: float = DEFAULT_STOP_GRACE_S,
-        on_cluster: Callable[[Cluster], None] | None = None,
     ) -> None:
-        self.cluster = cluster
+        self.state = ClusterState.of(cluster)
+        """The cluster in use, owned outside the loop (the server's, shared with the API)."""
+        self._version, self.cluster = self.state.snapshot()
+        """The cluster this turn works on: taken from :attr:`state` at each turn's start."""
         self.store_sessions = store_sessions
         self.executor = executor
         self.work_root = Path(work_root)
         self.clock = clock
         self.policy = policy
         self.stop_grace_s = stop_grace_s
-        self.on_cluster = on_cluster
-        """Told the cluster whenever the executor's nodes change it."""
         self._session: Session | None = None
         self._stop_sent: set[str] = set()
         """Jobs whose replicas this loop has asked to stop (until their attempt closes)."""
@@ -136,6 +137,7 @@ class ControlLoop:
         allocation (stopping, when its job already ended or was preempted), every
         pending job waits in its line."""
         self._take_nodes()
+        self._version, self.cluster = self.state.snapshot()
         session = Session(self.cluster, self.policy, now=self.clock())
         with self.store_sessions() as db:
             for job, attempt in open_attempts(db):
@@ -151,13 +153,25 @@ class ControlLoop:
 
     def invalidate(self) -> None:
         """Forget the scheduler session: the next call rebuilds it from the store (after
-        a failed turn, or when the cluster configuration changed)."""
+        a failed turn, or when the cluster changed)."""
         self._session = None
+
+    def sync(self) -> bool:
+        """Take the cluster in use at the start of a turn; when it changed (a new
+        configuration, or nodes), the scheduler session is rebuilt on it. Returns
+        whether it changed."""
+        version, cluster = self.state.snapshot()
+        if version == self._version:
+            return False
+        self._version, self.cluster = version, cluster
+        self.invalidate()
+        return True
 
     # ------------------------------------------------------------------ cycle
 
     def cycle(self) -> Decisions:
         """One scheduling cycle; its decisions are committed together, then acted on."""
+        self.sync()
         session = self.session
         now = self.clock()
         self._sync_pending(session)
@@ -314,22 +328,12 @@ class ControlLoop:
         """Take the executor's nodes (Slurm's inventory and health) when it reports
         them and they changed: the scheduler session is rebuilt on them, so a node gone
         down gets no new work until it returns. Returns whether they changed."""
-        changed = self._take_nodes()
-        if changed:
-            self.invalidate()
-        return changed
+        self._take_nodes()
+        return self.sync()
 
     def _take_nodes(self) -> bool:
-        nodes = self.executor.nodes(self.cluster)
-        if nodes is None:
-            return False
-        cluster = self.cluster.with_nodes(nodes)
-        if cluster.nodes == self.cluster.nodes:
-            return False
-        self.cluster = cluster
-        if self.on_cluster is not None:
-            self.on_cluster(self.cluster)
-        return True
+        nodes = self.executor.nodes(self.state.current())
+        return nodes is not None and self.state.take_nodes(nodes)
 
     # ------------------------------------------------------------------ events
 
@@ -493,6 +497,7 @@ class ControlLoop:
         what a crash may have cut short: launching admitted jobs, stopping replicas of
         ended or preempted jobs.
         """
+        self.sync()
         statuses = self.executor.observe()
         session = self.session
         now = self.clock()
