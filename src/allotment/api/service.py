@@ -269,16 +269,14 @@ class JobService:
         self, session: Session, checked: tuple[JobSpec, Queue, PriorityClass], user: str, now: float
     ) -> Job:
         spec, queue, priority = checked
-        job = job_store.create_job(
+        return job_store.create_job(
             session,
             spec,
             tenant=queue.tenant or DEFAULT_TENANT,
             user=user,
             at=now,
             priority_class=priority.name,
-        )
-        return job_store.transition_job(
-            session, job.id, JobState.PENDING, at=now, message="accepted", job=job
+            accepted="accepted",
         )
 
     def owned(self, *, job_id: str) -> Owned:

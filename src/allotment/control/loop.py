@@ -39,6 +39,7 @@ from allotment.control.orphans import OrphanTracker
 from allotment.control.retries import finish_attempt
 from allotment.control.views import open_attempts, pending_of, pending_rows, running_of
 from allotment.domain.cluster import Cluster
+from allotment.domain.errors import NotFound
 from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import ACTIVE, FailureClass, JobState
 from allotment.domain.reasons import Reason
@@ -181,8 +182,13 @@ class ControlLoop:
         withdrawn: list[str] = []
         try:
             with self.store_sessions.begin() as db:
+                # The admitted jobs locked in one query, their moves written together.
+                ids = [a.job for a in decisions.admitted]
+                rows = {j.id: j for j in jobs_by_id(db, ids, for_update=True)}
                 for admit in decisions.admitted:
-                    job = get_job(db, admit.job, for_update=True)
+                    job = rows.get(admit.job)
+                    if job is None:
+                        raise NotFound("job", admit.job)
                     if job.state != _S.PENDING.value:  # cancelled since the session read it
                         withdrawn.append(job.id)
                         continue
@@ -204,6 +210,7 @@ class ControlLoop:
                         job.id,
                         _S.ADMITTED,
                         job=job,
+                        flush=False,
                         at=now,
                         message="admitted",
                         detail={
