@@ -15,16 +15,18 @@ from allotment.scheduler.policy import (
     BorrowingQuota,
     FairShareOrder,
     IsolatedQuota,
-    NoPreemption,
     NoReservations,
-    PriorityAndReclaim,
-    ReclaimOnly,
     StrictFifo,
     SubmitOrder,
-    WithinQueueOnly,
     compose,
 )
 from allotment.scheduler.snapshot import SchedulerPolicy
+from allotment.scheduler.victims import (
+    NoPreemption,
+    PriorityAndReclaim,
+    ReclaimOnly,
+    WithinQueueOnly,
+)
 
 from .builders import NOW, ClusterBuilder, job
 

@@ -209,38 +209,16 @@ class _Cycle:
     # ------------------------------------------------------------ phase 4
 
     def run(self, lines: list[Line]) -> None:
-        heap: list[tuple[ordering.QueueKey, int, bool]] = []
+        heap: list[tuple[ordering.QueueKey, int]] = []
         for i, line in enumerate(lines):
             if self._skip_answered(line):
-                heapq.heappush(heap, (self._key(line), i, False))
+                heapq.heappush(heap, (self._key(line), i))
         while heap:
-            key, i, resume = heapq.heappop(heap)
+            _, i = heapq.heappop(heap)
             line = lines[i]
-            if resume:  # the line's next job, in its own turn from now on
-                heapq.heappush(heap, (self._key(line), i, False))
-                continue
             self._turn(line)
-            # The jobs behind that fail as a job already tried this cycle did (same
-            # queue, class, request, pools and bound) fail now as in their turn: the
-            # world only fills up during a cycle. They are settled here, off the heap.
-            skipped, side = -1, False
-            while not line.done and self._skip_answered(line) and self._known(line):
-                borrows = self._borrows(line, line.jobs[line.index])
-                if skipped >= 0 and borrows != side:
-                    break  # keys grow from job to job only on one side of borrowing
-                skipped, side = line.index, borrows
-                self._turn(line)
-            if line.done or not self._skip_answered(line):
-                continue
-            key = self._key(line)
-            if skipped >= 0:
-                # The next job's turn comes no earlier than the last one settled would
-                # have had its turn.
-                last = self._key(line, skipped)
-                if key < last:
-                    heapq.heappush(heap, (last, i, True))
-                    continue
-            heapq.heappush(heap, (key, i, False))
+            if not line.done and self._skip_answered(line):
+                heapq.heappush(heap, (self._key(line), i))
 
     def _turn(self, line: Line) -> None:
         """Try the job at the line's index and account for the outcome."""
@@ -285,20 +263,12 @@ class _Cycle:
                 line.index += 1
         return line.index < len(line.jobs)
 
-    def _known(self, line: Line) -> bool:
-        """Whether the job at the line's index fails as one tried this cycle did."""
-        job = line.jobs[line.index]
-        return job.not_before is None and self._failed_key(job, line) in self.failed
-
-    def _failed_key(self, job: PendingJob, line: Line) -> tuple[object, ...]:
-        bound = job.max_runtime if job.max_runtime is not None else job.expected_runtime
-        return (line.queue.name, job.priority_class, job.shape(), job.pools, bound)
-
     def _try_once(self, job: PendingJob, line: Line) -> tuple[Outcome, Reason | None]:
         """:meth:`_try`, or what it answered this cycle for a job asking the same."""
         if job.not_before is not None:  # a back-off gate is the job's own
             return self._try(job, line)
-        key = self._failed_key(job, line)
+        bound = job.max_runtime if job.max_runtime is not None else job.expected_runtime
+        key = (line.queue.name, job.priority_class, job.shape(), job.pools, bound)
         known = self.failed.get(key)
         if known is not None:
             return known
@@ -309,13 +279,12 @@ class _Cycle:
             self.failed[key] = (outcome, reason)
         return outcome, reason
 
-    def _key(self, line: Line, index: int | None = None) -> ordering.QueueKey:
-        """The heap key of the line's job at ``index`` (default: the line's index)."""
-        at = line.index if index is None else index
-        job = line.jobs[at]
+    def _key(self, line: Line) -> ordering.QueueKey:
+        """The heap key of the job at the line's index."""
+        job = line.jobs[line.index]
         borrows = self._borrows(line, job)
         return self.rules.order.key(
-            job, line.values[at], line.queue.name, borrows, self.state.now, self._share
+            job, line.values[line.index], line.queue.name, borrows, self.state.now, self._share
         )
 
     def _borrows(self, line: Line, job: PendingJob) -> bool:

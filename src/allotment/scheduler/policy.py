@@ -12,11 +12,12 @@ strategies:
 - **order** (:class:`QueueOrder`), which queue's head goes next among equal priority
   classes: :class:`SubmitOrder` (first submitted, first served, across queues) or
   :class:`FairShareOrder` (lowest weighted dominant-resource share, aged by waiting).
-- **victims** (:class:`VictimRule`), which running jobs a preemptor may take and in
-  what order: :class:`NoPreemption`; :class:`ReclaimOnly` (a queue within its nominal
-  quota takes back what others borrow, and ``borrow_only`` jobs of other queues);
-  :class:`PriorityAndReclaim` (that, and lower priorities of its own queue);
-  :class:`WithinQueueOnly` (lower priorities of its own queue only: no preset uses it).
+- **victims** (:class:`~allotment.scheduler.victims.VictimRule`, in
+  :mod:`allotment.scheduler.victims`), which running jobs a preemptor may take and in
+  what order: ``NoPreemption``; ``ReclaimOnly`` (a queue within its nominal quota takes
+  back what others borrow, and ``borrow_only`` jobs of other queues);
+  ``PriorityAndReclaim`` (that, and lower priorities of its own queue);
+  ``WithinQueueOnly`` (lower priorities of its own queue only: no preset uses it).
 - **quota** (:class:`QuotaRule`), what a queue may use beyond its own guarantee:
   :class:`IsolatedQuota` (its own nominal quota only, anywhere on the pool's nodes) or
   :class:`BorrowingQuota` (idle quota of others through the tree, borrowers kept apart
@@ -39,7 +40,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from allotment.domain.cluster import PriorityClass, Queue
+from allotment.domain.cluster import Queue
 from allotment.domain.reasons import Reason, ReasonCode
 from allotment.domain.resources import GPU, format_quantity
 from allotment.scheduler.backfill import Reservation, plan_reservation
@@ -48,9 +49,16 @@ from allotment.scheduler.ordering import QueueKey
 from allotment.scheduler.placement import GUEST, OWNER, Placer
 from allotment.scheduler.quota import ROOT, Amounts, QuotaTree
 from allotment.scheduler.snapshot import PendingJob, SchedulerPolicy
+from allotment.scheduler.victims import (
+    NoPreemption,
+    PriorityAndReclaim,
+    ReclaimOnly,
+    VictimRule,
+    WithinQueueOnly,
+)
 
 if TYPE_CHECKING:
-    from allotment.scheduler.state import CycleState, Holder
+    from allotment.scheduler.state import CycleState
 
 
 # ---------------------------------------------------------------------------- order
@@ -110,213 +118,6 @@ class FairShareOrder:
         if self.aging_horizon > 0:
             age = max(0.0, now - job.submit_time) / self.aging_horizon
         return (1 if borrows else 0, -value, share(queue) - age, job.submit_time, job.id)
-
-
-# -------------------------------------------------------------------------- victims
-
-
-class VictimRule(Protocol):
-    """Which running jobs may be victims of a preemptor, in the order they are given up,
-    and why (the victim's ``cause``)."""
-
-    def may_preempt(self, klass: PriorityClass) -> bool:
-        """Whether a job of ``klass`` that fits nowhere is worth a victim search."""
-        ...
-
-    def may_reclaim(
-        self, state: CycleState, leaf: Queue, pool: str, total: Mapping[str, int]
-    ) -> bool:
-        """Whether ``leaf`` may take back from other queues' borrowers in ``pool`` to
-        fit ``total`` (it stays within its nominal quota)."""
-        ...
-
-    def candidates(
-        self,
-        state: CycleState,
-        leaf: Queue,
-        pool: str,
-        job_class: PriorityClass,
-        reclaim: bool,
-        borrowing: Callable[[str], bool],
-    ) -> list[Candidate]:
-        """The running jobs of ``pool`` that may be victims of a ``job_class`` job of
-        ``leaf``, each with its cause (``within_queue``, ``reclaim``, ``borrow_only``),
-        in the order they are given up (borrow-only first, then lowest priority, then
-        latest started); never a job admitted in this cycle, and a borrower
-        (``reclaim``) only of a queue that ``borrowing`` says still borrows there."""
-        ...
-
-
-Candidate = tuple["Holder", str]
-"""A possible victim and its cause."""
-
-
-def _victim_key(item: Candidate) -> tuple[int, int, float]:
-    holder = item[0]
-    return (0 if holder.klass.borrow_only else 1, holder.klass.value, -holder.start_time)
-
-
-def _ordered(found: list[Candidate]) -> list[Candidate]:
-    found.sort(key=_victim_key)
-    return found
-
-
-def _may_be_victim(holder: Holder) -> bool:
-    return holder.klass.preemptible and not holder.terminating and not holder.fresh
-
-
-def _own(state: CycleState, leaf: Queue, pool: str, job_class: PriorityClass) -> list[Candidate]:
-    """The queue's own jobs in ``pool`` that ``preemption.within_queue`` gives up: of a
-    lower priority (``lower_priority``) or not higher (``any``), and borrow-only ones."""
-    mode = leaf.spec.preemption.within_queue
-    if mode == "never":
-        return []
-    out: list[Candidate] = []
-    for holder in state.queue_holders(pool, leaf.name).values():
-        if not _may_be_victim(holder):
-            continue
-        klass = holder.klass
-        if klass.borrow_only and not job_class.borrow_only:
-            out.append((holder, "borrow_only"))
-        elif klass.value < job_class.value or (mode == "any" and klass.value == job_class.value):
-            out.append((holder, "within_queue"))
-    return out
-
-
-def _others(
-    state: CycleState,
-    leaf: Queue,
-    pool: str,
-    job_class: PriorityClass,
-    reclaim: bool,
-    borrowing: Callable[[str], bool],
-) -> list[Candidate]:
-    """Other queues' jobs in ``pool`` that may be taken: borrow-only ones unless the
-    queue's ``preemption.reclaim`` is ``never``; with ``reclaim``, the jobs of queues
-    that still borrow there, as the mode allows (``any``, or ``lower_priority``)."""
-    mode = leaf.spec.preemption.reclaim
-    if mode == "never":
-        return []
-    out: list[Candidate] = []
-    if reclaim:
-        for (where, queue), group in state.by_queue.items():
-            if where != pool or queue == leaf.name or not group:
-                continue
-            takes = borrowing(queue)
-            for holder in group.values():
-                if not _may_be_victim(holder):
-                    continue
-                klass = holder.klass
-                if klass.borrow_only and not job_class.borrow_only:
-                    out.append((holder, "borrow_only"))
-                elif takes and (mode == "any" or klass.value < job_class.value):
-                    out.append((holder, "reclaim"))
-        return out
-    if job_class.borrow_only:
-        return []
-    for holder in state.borrow_only.get(pool, {}).values():
-        if holder.queue != leaf.name and _may_be_victim(holder):
-            out.append((holder, "borrow_only"))
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class NoPreemption:
-    """Nothing is ever preempted."""
-
-    def may_preempt(self, klass: PriorityClass) -> bool:
-        return False
-
-    def may_reclaim(
-        self, state: CycleState, leaf: Queue, pool: str, total: Mapping[str, int]
-    ) -> bool:
-        return False
-
-    def candidates(
-        self,
-        state: CycleState,
-        leaf: Queue,
-        pool: str,
-        job_class: PriorityClass,
-        reclaim: bool,
-        borrowing: Callable[[str], bool],
-    ) -> list[Candidate]:
-        return []
-
-
-@dataclass(frozen=True, slots=True)
-class ReclaimOnly:
-    """A queue within its nominal quota takes back what other queues borrow (and
-    ``borrow_only`` jobs of other queues); never a job of its own queue."""
-
-    def may_preempt(self, klass: PriorityClass) -> bool:
-        return klass.can_preempt
-
-    def may_reclaim(
-        self, state: CycleState, leaf: Queue, pool: str, total: Mapping[str, int]
-    ) -> bool:
-        return state.quota.within_nominal(leaf.name, pool, total)
-
-    def candidates(
-        self,
-        state: CycleState,
-        leaf: Queue,
-        pool: str,
-        job_class: PriorityClass,
-        reclaim: bool,
-        borrowing: Callable[[str], bool],
-    ) -> list[Candidate]:
-        return _ordered(_others(state, leaf, pool, job_class, reclaim, borrowing))
-
-
-@dataclass(frozen=True, slots=True)
-class WithinQueueOnly:
-    """Higher priority preempts lower within a queue (as the queue's
-    ``preemption.within_queue`` allows); nothing is taken from other queues."""
-
-    def may_preempt(self, klass: PriorityClass) -> bool:
-        return klass.can_preempt
-
-    def may_reclaim(
-        self, state: CycleState, leaf: Queue, pool: str, total: Mapping[str, int]
-    ) -> bool:
-        return False
-
-    def candidates(
-        self,
-        state: CycleState,
-        leaf: Queue,
-        pool: str,
-        job_class: PriorityClass,
-        reclaim: bool,
-        borrowing: Callable[[str], bool],
-    ) -> list[Candidate]:
-        return _ordered(_own(state, leaf, pool, job_class))
-
-
-@dataclass(frozen=True, slots=True)
-class PriorityAndReclaim:
-    """:class:`WithinQueueOnly` and :class:`ReclaimOnly` together (what production runs)."""
-
-    def may_preempt(self, klass: PriorityClass) -> bool:
-        return klass.can_preempt
-
-    def may_reclaim(
-        self, state: CycleState, leaf: Queue, pool: str, total: Mapping[str, int]
-    ) -> bool:
-        return state.quota.within_nominal(leaf.name, pool, total)
-
-    def candidates(
-        self,
-        state: CycleState,
-        leaf: Queue,
-        pool: str,
-        job_class: PriorityClass,
-        reclaim: bool,
-        borrowing: Callable[[str], bool],
-    ) -> list[Candidate]:
-        own = _own(state, leaf, pool, job_class)
-        return _ordered(own + _others(state, leaf, pool, job_class, reclaim, borrowing))
 
 
 # ---------------------------------------------------------------------------- quota

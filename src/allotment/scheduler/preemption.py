@@ -13,7 +13,7 @@ priority, then the least run time lost (the most recently started). A job may ta
 Never a job of a non-preemptible class, one already terminating, or one already chosen.
 Which of these the policy allows -- none, reclaim only, or priority within a queue and
 reclaim -- and the candidates' order are its victim rule's
-(:class:`~allotment.scheduler.policy.VictimRule`); this module is the search. It removes
+(:class:`~allotment.scheduler.victims.VictimRule`); this module is the search. It removes
 candidates one by one (undoable what-ifs) until the job fits in quota and on nodes, then
 gives back every victim it can do without, and verifies.
 """

@@ -17,7 +17,14 @@ from sqlalchemy.orm import Session
 
 from allotment.domain.errors import AlreadyEnded, NotFound
 from allotment.domain.job import JobSpec
-from allotment.domain.lifecycle import ALLOWED, WAITING, FailureClass, JobState, transition
+from allotment.domain.lifecycle import (
+    ALLOWED,
+    WAITING,
+    FailureClass,
+    JobState,
+    Transition,
+    transition,
+)
 from allotment.domain.reasons import Reason
 from allotment.store.models import Attempt, Event, Job
 
@@ -91,17 +98,7 @@ def create_job(
         )
     ]
     if move is not None:
-        events.append(
-            Event(
-                job_id=job.id,
-                at=at,
-                kind=TRANSITION,
-                from_state=move.source.value,
-                to_state=move.target.value,
-                message=move.reason,
-                detail=dict(move.detail),
-            )
-        )
+        events.append(_event(job.id, move))
     session.add_all(events)
     session.flush()
     return job
@@ -163,25 +160,26 @@ def transition_job(
     if move.target not in WAITING:
         # A reason says why a job waits: one that no longer waits has none.
         job.reason_code = job.reason_message = job.reason_detail = job.reason_since = None
-    event_detail = dict(move.detail)
-    session.add(
-        Event(
-            job_id=job.id,
-            at=at,
-            kind=TRANSITION,
-            from_state=move.source.value,
-            to_state=move.target.value,
-            message=move.reason,
-            detail=(
-                {**event_detail, "failure_class": move.failure.value}
-                if move.failure is not None
-                else event_detail
-            ),
-        )
-    )
+    session.add(_event(job.id, move))
     if flush:
         session.flush()
     return job
+
+
+def _event(job_id: str, move: Transition) -> Event:
+    """The event that records ``move`` of job ``job_id``."""
+    detail = dict(move.detail)
+    if move.failure is not None:
+        detail["failure_class"] = move.failure.value
+    return Event(
+        job_id=job_id,
+        at=move.at,
+        kind=TRANSITION,
+        from_state=move.source.value,
+        to_state=move.target.value,
+        message=move.reason,
+        detail=detail,
+    )
 
 
 def sync_attempt(session: Session, job: Job) -> None:

@@ -1,0 +1,186 @@
+"""Victim rules: which running jobs a preemptor may take, in what order, and why.
+
+One concern of the policy seam (:mod:`allotment.scheduler.policy`, whose
+:func:`~allotment.scheduler.policy.compose` picks the rule); the search itself is
+:mod:`allotment.scheduler.preemption`. A rule is two switches -- whether a queue may take
+lower priorities of its own (``preemption.within_queue`` permitting) and whether it may
+take back what other queues borrow -- named by the four strategies below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+from allotment.domain.cluster import PriorityClass, Queue
+
+if TYPE_CHECKING:
+    from allotment.scheduler.state import CycleState, Holder
+
+
+class VictimRule(Protocol):
+    """Which running jobs may be victims of a preemptor, in the order they are given up,
+    and why (the victim's ``cause``)."""
+
+    def may_preempt(self, klass: PriorityClass) -> bool:
+        """Whether a job of ``klass`` that fits nowhere is worth a victim search."""
+        ...
+
+    def may_reclaim(
+        self, state: CycleState, leaf: Queue, pool: str, total: Mapping[str, int]
+    ) -> bool:
+        """Whether ``leaf`` may take back from other queues' borrowers in ``pool`` to
+        fit ``total`` (it stays within its nominal quota)."""
+        ...
+
+    def candidates(
+        self,
+        state: CycleState,
+        leaf: Queue,
+        pool: str,
+        job_class: PriorityClass,
+        reclaim: bool,
+        borrowing: Callable[[str], bool],
+    ) -> list[Candidate]:
+        """The running jobs of ``pool`` that may be victims of a ``job_class`` job of
+        ``leaf``, each with its cause (``within_queue``, ``reclaim``, ``borrow_only``),
+        in the order they are given up (borrow-only first, then lowest priority, then
+        latest started); never a job admitted in this cycle, and a borrower
+        (``reclaim``) only of a queue that ``borrowing`` says still borrows there."""
+        ...
+
+
+Candidate = tuple["Holder", str]
+"""A possible victim and its cause."""
+
+
+def _victim_key(item: Candidate) -> tuple[int, int, float]:
+    holder = item[0]
+    return (0 if holder.klass.borrow_only else 1, holder.klass.value, -holder.start_time)
+
+
+def _ordered(found: list[Candidate]) -> list[Candidate]:
+    found.sort(key=_victim_key)
+    return found
+
+
+def _may_be_victim(holder: Holder) -> bool:
+    return holder.klass.preemptible and not holder.terminating and not holder.fresh
+
+
+def _own(state: CycleState, leaf: Queue, pool: str, job_class: PriorityClass) -> list[Candidate]:
+    """The queue's own jobs in ``pool`` that ``preemption.within_queue`` gives up: of a
+    lower priority (``lower_priority``) or not higher (``any``), and borrow-only ones."""
+    mode = leaf.spec.preemption.within_queue
+    if mode == "never":
+        return []
+    out: list[Candidate] = []
+    for holder in state.queue_holders(pool, leaf.name).values():
+        if not _may_be_victim(holder):
+            continue
+        klass = holder.klass
+        if klass.borrow_only and not job_class.borrow_only:
+            out.append((holder, "borrow_only"))
+        elif klass.value < job_class.value or (mode == "any" and klass.value == job_class.value):
+            out.append((holder, "within_queue"))
+    return out
+
+
+def _others(
+    state: CycleState,
+    leaf: Queue,
+    pool: str,
+    job_class: PriorityClass,
+    reclaim: bool,
+    borrowing: Callable[[str], bool],
+) -> list[Candidate]:
+    """Other queues' jobs in ``pool`` that may be taken: borrow-only ones unless the
+    queue's ``preemption.reclaim`` is ``never``; with ``reclaim``, the jobs of queues
+    that still borrow there, as the mode allows (``any``, or ``lower_priority``)."""
+    mode = leaf.spec.preemption.reclaim
+    if mode == "never":
+        return []
+    out: list[Candidate] = []
+    if reclaim:
+        for (where, queue), group in state.by_queue.items():
+            if where != pool or queue == leaf.name or not group:
+                continue
+            takes = borrowing(queue)
+            for holder in group.values():
+                if not _may_be_victim(holder):
+                    continue
+                klass = holder.klass
+                if klass.borrow_only and not job_class.borrow_only:
+                    out.append((holder, "borrow_only"))
+                elif takes and (mode == "any" or klass.value < job_class.value):
+                    out.append((holder, "reclaim"))
+        return out
+    if job_class.borrow_only:
+        return []
+    for holder in state.borrow_only.get(pool, {}).values():
+        if holder.queue != leaf.name and _may_be_victim(holder):
+            out.append((holder, "borrow_only"))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Victims:
+    """A victim rule from its two switches."""
+
+    OWN: ClassVar[bool] = False
+    """Lower priorities of the preemptor's own queue (and its ``borrow_only`` jobs)."""
+    OTHERS: ClassVar[bool] = False
+    """Other queues' borrowers, when the preemptor's queue is within its nominal quota
+    (and their ``borrow_only`` jobs)."""
+
+    def may_preempt(self, klass: PriorityClass) -> bool:
+        return (self.OWN or self.OTHERS) and klass.can_preempt
+
+    def may_reclaim(
+        self, state: CycleState, leaf: Queue, pool: str, total: Mapping[str, int]
+    ) -> bool:
+        return self.OTHERS and state.quota.within_nominal(leaf.name, pool, total)
+
+    def candidates(
+        self,
+        state: CycleState,
+        leaf: Queue,
+        pool: str,
+        job_class: PriorityClass,
+        reclaim: bool,
+        borrowing: Callable[[str], bool],
+    ) -> list[Candidate]:
+        found = _own(state, leaf, pool, job_class) if self.OWN else []
+        if self.OTHERS:
+            found += _others(state, leaf, pool, job_class, reclaim, borrowing)
+        return _ordered(found)
+
+
+@dataclass(frozen=True, slots=True)
+class NoPreemption(_Victims):
+    """Nothing is ever preempted."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReclaimOnly(_Victims):
+    """A queue within its nominal quota takes back what other queues borrow (and
+    ``borrow_only`` jobs of other queues); never a job of its own queue."""
+
+    OTHERS = True
+
+
+@dataclass(frozen=True, slots=True)
+class WithinQueueOnly(_Victims):
+    """Higher priority preempts lower within a queue (as the queue's
+    ``preemption.within_queue`` allows); nothing is taken from other queues."""
+
+    OWN = True
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityAndReclaim(_Victims):
+    """:class:`WithinQueueOnly` and :class:`ReclaimOnly` together (what production runs)."""
+
+    OWN = True
+    OTHERS = True
