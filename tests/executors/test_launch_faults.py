@@ -12,12 +12,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from allotment.executors.base import LaunchRequest, ReplicaPhase
-from allotment.executors.local import LocalExecutor
+from allotment.executors.local import REPLICA_KEY_ENV, LocalExecutor
 from allotment.executors.procfs import started
 from allotment.executors.supervisor import read_json
 from tests.executors.processes import kill_everything
@@ -127,6 +128,41 @@ def test_fault_a_killed_supervisors_replica_lingers_until_stopped(
     wait(lambda: executor.observe()[req.key].ended, "the lingering replica is gone")
     with pytest.raises(ProcessLookupError):
         os.kill(state["pid"], 0)
+
+
+def test_fault_a_supervisor_killed_before_recording_its_child_still_holds_the_replica(
+    executor: LocalExecutor, tmp_path: Path
+) -> None:
+    # The supervisor started its child and was SIGKILLed before it recorded the child's
+    # group: the child runs on, found by the replica key in its environment, and is
+    # lingering (its devices not free) until stopped. Unrelated processes are untouched.
+    req = request(tmp_path, "print('x')")
+    directory = executor.replica_dir(req.key)
+    directory.mkdir(parents=True)
+    spec = {"job_id": "j-1", "attempt": 1, "replica": req.key.replica, "index": 0}
+    (directory / "spec.json").write_text(json.dumps(spec))
+    os.utime(directory / "spec.json", (0, 0))
+    (directory / "state.json").write_text(json.dumps({"supervisor_pid": 2**22 + 1}))
+    sleep = [PY, "-c", "import time; time.sleep(60)"]
+    child = subprocess.Popen(
+        sleep, env={**os.environ, REPLICA_KEY_ENV: str(req.key)}, start_new_session=True
+    )
+    other = replace(req.key, attempt=2)
+    stranger = subprocess.Popen(
+        sleep, env={**os.environ, REPLICA_KEY_ENV: str(other)}, start_new_session=True
+    )
+    try:
+        wait(lambda: executor.observe()[req.key].lingering, "the unrecorded child is found")
+        status = executor.observe()[req.key]
+        assert status.phase is ReplicaPhase.LOST and not status.ended
+        executor.stop(req.key, 0.0)
+        assert child.wait(timeout=10) == -signal.SIGKILL
+        wait(lambda: executor.observe()[req.key].ended, "nothing of the replica is left")
+        assert stranger.poll() is None
+    finally:
+        for process in (child, stranger):
+            process.kill()
+            process.wait()
 
 
 def test_fault_a_reused_group_number_is_never_taken_for_the_replica(

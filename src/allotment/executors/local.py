@@ -56,7 +56,13 @@ from allotment.executors.containers import (
     require_containers,
 )
 from allotment.executors.gpus import discover_gpus
-from allotment.executors.procfs import ProcessInfo, members, process_table, survivors
+from allotment.executors.procfs import (
+    ProcessInfo,
+    environment,
+    members,
+    process_table,
+    survivors,
+)
 from allotment.executors.supervisor import (
     SPEC_FILE,
     STATE_FILE,
@@ -70,6 +76,8 @@ LOCK_FILE = "supervisor.lock"
 ENV_FILE = "container.env"
 LOOPBACK = "127.0.0.1"
 LAUNCH_WINDOW_S = 30.0
+REPLICA_KEY_ENV = "ALLOTMENT_REPLICA_KEY"
+"""Set in every replica's environment to its key (``job/attempt/group-index``)."""
 """How long a replica without a recorded supervisor counts as starting, not lost."""
 BASE_ENV_NAMES = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME", "TZ")
 """Server environment variables a replica inherits when no ``base_env`` is given."""
@@ -133,6 +141,16 @@ def _left(state: Mapping[str, Any], table: Mapping[int, ProcessInfo]) -> set[int
     return left
 
 
+def _named(key: ReplicaKey, table: Mapping[int, ProcessInfo]) -> set[int]:
+    """The processes whose environment names ``key``'s replica."""
+    want = str(key)
+    return {
+        pid
+        for pid in table
+        if pid != os.getpid() and (environment(pid) or {}).get(REPLICA_KEY_ENV) == want
+    }
+
+
 def _block_term() -> None:
     # The supervisor unblocks SIGTERM once its handler is installed, so a stop sent
     # while it starts is not lost.
@@ -167,6 +185,8 @@ class LocalExecutor(Executor):
             base_env = {k: os.environ[k] for k in BASE_ENV_NAMES if k in os.environ}
         self.base_env = dict(base_env)
         self._children: dict[ReplicaKey, subprocess.Popen[bytes]] = {}
+        self._none_named: set[ReplicaKey] = set()
+        """Lost replicas, recorded without a process group, of which nothing runs."""
         self._cpu_seen: dict[ReplicaKey, tuple[float, float]] = {}
         """CPU seconds of each replica's processes at the last :meth:`usage`, and when."""
 
@@ -216,6 +236,8 @@ class LocalExecutor(Executor):
         container: dict[str, Any] | None = None
         if request.container is not None:
             command, env, container = self._container(request, directory)
+        # Finds the replica's processes should its supervisor die before recording them.
+        env[REPLICA_KEY_ENV] = str(key)
         spec: dict[str, Any] = {
             "job_id": key.job_id,
             "attempt": key.attempt,
@@ -312,6 +334,11 @@ class LocalExecutor(Executor):
             # number may have been given to another group since it ended.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
+        elif pgid is None:
+            # The supervisor died before recording its child: what names the replica.
+            for pid in self._lingering(key, state, process_table):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
         spec = read_json(directory / SPEC_FILE) or {}
         container = spec.get("container")
         if isinstance(container, dict):
@@ -437,6 +464,26 @@ class LocalExecutor(Executor):
             pid = (read_json(directory / LAUNCH_FILE) or {}).get("supervisor_pid")
         return pid if isinstance(pid, int) else None
 
+    def _lingering(
+        self,
+        key: ReplicaKey,
+        state: Mapping[str, Any],
+        processes: Callable[[], Mapping[int, ProcessInfo]],
+    ) -> set[int]:
+        """The processes of a replica whose supervisor is gone, still running. A
+        supervisor killed between starting its child and recording it recorded nothing:
+        then they are the processes whose environment names the replica. Once none
+        does, none can again (nothing of the replica is left to start one), so the
+        search of every process's environment is made until then only."""
+        if "pgid" in state or "container_pid" in state:
+            return _left(state, processes())
+        if key in self._none_named:
+            return set()
+        left = _named(key, processes())
+        if not left:
+            self._none_named.add(key)
+        return left
+
     def _alive(self, key: ReplicaKey, pid: int) -> bool:
         child = self._children.get(key)
         if child is not None and child.pid == pid and child.poll() is not None:
@@ -473,7 +520,7 @@ class LocalExecutor(Executor):
                 start_error=bool(state.get("start_error", False)),
                 **common,
             )
-        left = _left(state, processes())
+        left = self._lingering(key, state, processes)
         common["detail"] = (
             f"supervisor gone without recording an end; {len(left)} of its processes still run"
             if left
