@@ -39,13 +39,10 @@ from allotment.api.app import create_app
 from allotment.api.auth import AdminDigest, FirstOf, StoreTokens, token_digest
 from allotment.api.ratelimit import SERVER_DEFAULT, RateLimit
 from allotment.clientconfig import read_client_config, write_client_config
-from allotment.control.alerts import MaxWaitCheck
 from allotment.control.cluster_state import ClusterState
-from allotment.control.housekeeping import housekeeper_for
-from allotment.control.leading import LeaderElection
+from allotment.control.leader import LeaderElection
 from allotment.control.loop import DEFAULT_STOP_GRACE_S, ControlLoop
 from allotment.control.runner import DEFAULT_RECONCILE_EVERY_S, DEFAULT_TICK_S, LoopRunner
-from allotment.control.webhooks import WebhookDeliveries
 from allotment.domain.cluster import Cluster
 from allotment.domain.errors import InvalidInput
 from allotment.domain.loading import load_cluster_text
@@ -57,6 +54,8 @@ from allotment.store import migrate
 from allotment.store.configs import apply_cluster_config, current_cluster_config
 from allotment.store.db import make_engine, session_factory
 from allotment.store.fencing import fence, take_term
+from allotment.upkeep import leader_upkeep, server_upkeep
+from allotment.upkeep.webhooks import WebhookDeliveries
 
 log = logging.getLogger("allotment.server")
 
@@ -228,7 +227,7 @@ class Server:
             enforcement=self.executor.enforcement,
         )
         self.app.state.on_cluster_change = self._cluster_changed
-        self.webhooks = WebhookDeliveries(self.sessions, self.state.current, clock=self.clock)
+        self.webhooks = server_upkeep(self.state.current, self.sessions, clock=self.clock)
         self.webhooks.start()
         self.election.start()
 
@@ -261,23 +260,25 @@ class Server:
             clock=self.clock,
             stop_grace_s=self.options.stop_grace_s,
         )
-        loop = self.loop
-        alerts = MaxWaitCheck(
-            fenced,
-            lambda: loop.cluster,
-            clock=self.clock,
-            on_fired=self.webhooks.wake if self.webhooks is not None else None,
-        )
         runner = LoopRunner(
-            loop,
+            self.loop,
             tick_s=self.options.tick_s,
             reconcile_every_s=self.options.reconcile_every_s,
-            steps=[alerts],
         )
-        base = self.options.cluster_file.parent if self.options.cluster_file else None
-        runner.companions.append(
-            housekeeper_for(self.loop, wake=runner.wake, lock=runner.lock, base=base)
+        upkeep = leader_upkeep(
+            self.state.current,
+            fenced,
+            usage=self.executor.usage,
+            clock=self.clock,
+            work_root=self.work_root,
+            orphan_gpus=self.loop.orphans.gpu_processes,
+            wake=runner.wake,
+            lock=runner.lock,
+            on_alert=self.webhooks.wake if self.webhooks is not None else None,
+            base=self.options.cluster_file.parent if self.options.cluster_file else None,
         )
+        runner.steps.extend(upkeep.steps)
+        runner.companions.append(upkeep.housekeeper)
         return runner
 
     def _executor(self, cluster: Cluster) -> Executor:

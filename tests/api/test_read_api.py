@@ -13,10 +13,10 @@ import httpx
 import pytest
 
 from allotment.client import AllotmentClient, ClientError
-from allotment.control.layout import log_path, logs_dir
 from allotment.domain.lifecycle import JobState
 from allotment.domain.reasons import ReasonCode
 from allotment.store.jobs import transition_job
+from allotment.store.layout import log_path, logs_dir
 from tests.api.conftest import EXAMPLES
 from tests.api.live import Live, job_text, live_stack
 

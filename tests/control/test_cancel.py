@@ -8,10 +8,10 @@ import time
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from allotment.control.layout import log_path
 from allotment.domain.lifecycle import JobState
 from allotment.scheduler.session import Session as SchedulerSession
 from allotment.store.jobs import cancel_job
+from allotment.store.layout import log_path
 from tests.control.conftest import (
     MakeLoop,
     Submit,

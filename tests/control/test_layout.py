@@ -5,7 +5,7 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from allotment.control.layout import log_path, logs_dir, make_private, tenant_dir
+from allotment.store.layout import log_path, logs_dir, make_private, tenant_dir
 
 
 def mode(path: Path) -> int:

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from allotment.control.layout import log_path
 from allotment.control.loop import REASON_REFRESH_S
 from allotment.domain.lifecycle import FailureClass, JobState
 from allotment.domain.reasons import Reason, ReasonCode
 from allotment.executors.base import LaunchRequest
 from allotment.store.jobs import events_for, get_job
+from allotment.store.layout import log_path
 from tests.control.conftest import (
     MakeLoop,
     Submit,

@@ -16,15 +16,15 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from allotment.control.layout import attempt_dir
 from allotment.control.orphans import OrphanTracker
-from allotment.control.scratch import expire_scratch
 from allotment.domain.lifecycle import JobState
 from allotment.domain.loading import load_cluster_text
 from allotment.executors.base import LaunchRequest
 from allotment.store.audit import list_records
+from allotment.store.layout import attempt_dir
 from allotment.store.models import Attempt, Event
 from allotment.telemetry.sources import DeviceReading
+from allotment.upkeep.scratch import expire_scratch
 from tests.control.conftest import (
     CLUSTER,
     MakeLoop,
@@ -240,9 +240,9 @@ def test_a_long_cleaned_history_never_hides_newer_expired_scratch(
 ) -> None:
     """Attempts whose directories are gone are passed over once for good (the cursor),
     so a tenant with more of them than one pass reads still gets newer ones cleaned."""
-    from allotment.control import scratch
     from allotment.domain.job import JobSpec
     from allotment.store.jobs import create_job
+    from allotment.upkeep import scratch
 
     monkeypatch.setattr(scratch, "BATCH", 2)
     cluster = load_cluster_text(

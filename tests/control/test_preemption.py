@@ -9,10 +9,10 @@ import time
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from allotment.control.layout import log_path
 from allotment.control.loop import ControlLoop
 from allotment.domain.lifecycle import JobState
 from allotment.store.jobs import cancel_job, events_for
+from allotment.store.layout import log_path
 from tests.control.conftest import (
     MakeLoop,
     Submit,

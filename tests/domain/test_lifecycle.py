@@ -39,7 +39,7 @@ def test_tables_cover_all_pairs() -> None:
 
 
 def test_the_documented_lifecycle_is_legal() -> None:
-    """DESIGN.md: submitted → pending → admitted → starting → running → an ending;
+    """The lifecycle: submitted → pending → admitted → starting → running → an ending;
     failed and preempted may go back to pending."""
     chain = [S.SUBMITTED, S.PENDING, S.ADMITTED, S.STARTING, S.RUNNING]
     for a, b in itertools.pairwise(chain):

@@ -524,7 +524,7 @@ def test_alias_bombs_are_refused_quickly() -> None:
 
 
 def test_yaml_1_1_booleans_and_sexagesimals_are_not_applied() -> None:
-    """INTERFACES.md writes ``retry: {on: [...]}`` and labels like ``network: yes``; in
+    """The documented job file writes ``retry: {on: [...]}`` and labels like ``network: yes``; in
     YAML 1.1 ``on`` and ``yes`` are booleans and ``20:00`` is the number 1200."""
     cluster = load_cluster_text(
         textwrap.dedent("""\

@@ -22,7 +22,7 @@ nodes: [{name: box, pool: local, capacity: {gpu: 2, cpu: 8, memory: 16Gi}}]
 telemetry: {source: fake, file: gpus.json, interval: 0.2s, aggregate: 0.5s, retention: 1h}
 queues:
   - name: all
-    reclaim:
+    reaping:
       idle: {threshold: 5%, window: 3s, warn_before: 1.5s, exempt: [training]}
     children:
       - name: default
@@ -107,7 +107,7 @@ def test_an_idle_notebook_is_warned_then_reclaimed_and_its_gpu_goes_to_a_waiting
     wait_for(up, exempt, {"running"}, timeout=30)
     assert device_of(up, exempt) == idle_gpu
     assert allot_json(up, "get", busy)["state"] == "running"
-    [record] = allot_json(up, "audit", "--action", "job.reclaim")["records"]
+    [record] = allot_json(up, "audit", "--action", "job.reap")["records"]
     assert record["user"] == "allotment" and record["object"] == idle
     assert record["detail"]["reason"] == "idle"
 

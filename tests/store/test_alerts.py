@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from allotment.control.alerts import MAX_WAIT, dedupe_key, fire_max_wait_alerts, max_waits
 from allotment.domain.cluster import Cluster
 from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import FailureClass, JobState
@@ -19,6 +18,7 @@ from allotment.store.alerts import ALERT, NewAlert, fire_alert, list_alerts
 from allotment.store.db import make_engine, session_factory
 from allotment.store.jobs import create_job, events_for, requeue_job, transition_job
 from allotment.store.models import Alert, Attempt, Base
+from allotment.upkeep.alerts import MAX_WAIT, dedupe_key, fire_max_wait_alerts, max_waits
 
 S = JobState
 T0 = 1_800_000_000.0

@@ -10,8 +10,6 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from allotment.control import reclaim
-from allotment.control.sampler import Sampler
 from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import JobState
 from allotment.domain.loading import load_cluster_text
@@ -20,6 +18,8 @@ from allotment.store.audit import list_records, verify_chain
 from allotment.store.jobs import create_job, get_job, transition_job
 from allotment.store.models import Alert, Attempt, DeviceUsage, Event, JobUsage
 from allotment.telemetry.sources import FakeSource
+from allotment.upkeep import reaping
+from allotment.upkeep.sampler import Sampler
 
 GIB = 1024**3
 
@@ -165,7 +165,7 @@ tenants: [{name: t}]
 queues:
   - name: q
     tenant: t
-    reclaim:
+    reaping:
       idle: {threshold: 5%, window: 20s, warn_before: 10s}
 """
 
@@ -188,19 +188,19 @@ def test_an_idle_job_is_warned_then_reclaimed_with_its_evidence(
         FakeSource(file), sessions, usage=dict, clock=clock, aggregate_s=1.0, retention_s=1e6
     )
 
-    def step() -> list[reclaim.Decision]:
+    def step() -> list[reaping.Decision]:
         sampler.sample()
         with sessions.begin() as db:
-            decisions = reclaim.gather(db, cluster, clock.now)
-            return reclaim.apply(db, decisions, clock.now, cluster.webhook_of)
+            decisions = reaping.gather(db, cluster, clock.now)
+            return reaping.apply(db, decisions, clock.now, cluster.webhook_of)
 
     done: list[tuple[float, str]] = []
-    while clock.now < 1040.0 and not any(a == "reclaim" for _, a in done):
+    while clock.now < 1040.0 and not any(a == "reap" for _, a in done):
         done += [(clock.now, d.action) for d in step() if d.job_id == job_id]
         assert not any(d.job_id == busy for d in step())
         clock.now += 0.5
     warned_at = next(t for t, a in done if a == "warn")
-    reclaimed_at = next(t for t, a in done if a == "reclaim")
+    reclaimed_at = next(t for t, a in done if a == "reap")
     assert warned_at >= 1000.0 + 10.0  # after window - warn_before of idleness
     assert reclaimed_at >= max(1000.0 + 20.0, warned_at + 10.0)
     with sessions() as db:
@@ -217,7 +217,7 @@ def test_an_idle_job_is_warned_then_reclaimed_with_its_evidence(
         delivery = "none" if webhook is None else "pending"  # the tenant's webhook gets it
         assert (alert.kind, alert.delivery, alert.tenant) == ("idle_warning", delivery, "t")
         assert alert.webhook == webhook
-        [record] = list_records(db, action="job.reclaim")
+        [record] = list_records(db, action="job.reap")
         assert (record.user, record.object, record.tenant) == ("allotment", job_id, "t")
         assert record.detail["reason"] == "idle" and record.detail["samples"]
         assert verify_chain(db) is None

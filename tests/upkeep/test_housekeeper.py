@@ -1,5 +1,5 @@
 """The housekeeper beside the loop runner: started and stopped with it, sampling real
-replicas, surviving a failing step, and waking the loop after a reclamation."""
+replicas, surviving a failing step, and waking the loop after a reaping."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from allotment.control.housekeeping import housekeeper_for
 from allotment.control.runner import LoopRunner
 from allotment.domain.lifecycle import JobState
 from allotment.domain.loading import load_cluster_text
 from allotment.store.models import JobUsage
+from allotment.upkeep.housekeeper import housekeeper_for
 from tests.control.conftest import CLUSTER, MakeLoop, Submit, state_of, wait_until
 
 POLICY = """
@@ -22,20 +22,30 @@ telemetry: {source: fake, file: gpus.json, interval: 0.1s, aggregate: 0.5s}
 """
 
 
-def test_the_housekeeper_samples_and_reclaims_beside_the_runner(
+def test_the_housekeeper_samples_and_reaps_beside_the_runner(
     make_loop: MakeLoop, sessions: sessionmaker[Session], submit: Submit, tmp_path: Path
 ) -> None:
     text = CLUSTER.read_text() + POLICY
     text = text.replace(
         "  - name: workstation\n",
-        "  - name: workstation\n    reclaim: {types: {notebook: {ttl: 1s}}}\n",
+        "  - name: workstation\n    reaping: {types: {notebook: {ttl: 1s}}}\n",
     )
     loop = make_loop()
     loop.state.apply(load_cluster_text(text))
     assert loop.sync()
     (tmp_path / "gpus.json").write_text(json.dumps({"localhost/0": {"utilization": 50}}))
     runner = LoopRunner(loop, tick_s=5.0)  # long ticks: only a wake-up turns it quickly
-    keeper = housekeeper_for(loop, wake=runner.wake, lock=runner.lock, base=tmp_path)
+    keeper = housekeeper_for(
+        loop.state.current,
+        loop.store_sessions,
+        usage=loop.executor.usage,
+        clock=loop.clock,
+        work_root=loop.work_root,
+        orphan_gpus=loop.orphans.gpu_processes,
+        wake=runner.wake,
+        lock=runner.lock,
+        base=tmp_path,
+    )
     failures = iter([RuntimeError("one bad step")])
     real_step = keeper.step
 
@@ -61,7 +71,7 @@ def test_the_housekeeper_samples_and_reclaims_beside_the_runner(
         )
         assert time.monotonic() - started < 4.0
         assert keeper.failures == 1 and keeper.steps > 1
-        assert keeper.reclaims == {"ttl": 1}
+        assert keeper.reaped == {"ttl": 1}
         with sessions() as db:
             rows = db.scalars(select(JobUsage).where(JobUsage.job_id == job_id)).all()
         assert rows and all(r.gpu_util_max == 50 for r in rows if r.gpu_util_max is not None)

@@ -1,5 +1,5 @@
 """Idle and TTL reclamation decisions, without threads or a store: rows in, decisions
-out (:func:`allotment.control.reclaim.decide`), and the ``cluster.yaml`` shape."""
+out (:func:`allotment.upkeep.reaping.decide`), and the ``cluster.yaml`` shape."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allotment.control.reclaim import Decision, RunningAttempt, UsageRow, decide, idle_run
 from allotment.domain.errors import ConfigError
 from allotment.domain.job import JobType
 from allotment.domain.loading import load_cluster_text
-from allotment.domain.reclaim import JOB_TYPES, IdlePolicy, ReclaimPolicy, TypePolicy
+from allotment.domain.upkeep import JOB_TYPES, IdlePolicy, ReapingPolicy, TypePolicy
+from allotment.upkeep.reaping import Decision, RunningAttempt, UsageRow, decide, idle_run
 
-POLICY = ReclaimPolicy(
+POLICY = ReapingPolicy(
     idle=IdlePolicy(threshold=5, window=60, warn_before=20, exempt=["training"]),
     types={"notebook": TypePolicy(idle_window=30, ttl=600), "service": TypePolicy(idle_window=120)},
 )
@@ -40,7 +40,7 @@ def run(
     *,
     attempt: RunningAttempt | None = None,
     warned: Sequence[float] = (),
-    policy: ReclaimPolicy | None = POLICY,
+    policy: ReapingPolicy | None = POLICY,
 ) -> list[Decision]:
     attempt = attempt or job()
     return decide(
@@ -64,9 +64,9 @@ def test_an_idle_notebook_is_warned_then_reclaimed_after_the_notice() -> None:
     assert warn.evidence["samples"] and warn.evidence["idle_s"] == pytest.approx(39.0)
     # Warned at 40: idle past its 30 s window, but the 20 s notice runs until 60.
     assert run(45.0, rows([1.0] * 45), warned=[40.0]) == []
-    [reclaim] = run(60.0, rows([1.0] * 60), warned=[40.0])
-    assert (reclaim.action, reclaim.reason) == ("reclaim", "idle")
-    assert reclaim.evidence["warned_at"] == 40.0
+    [reaped] = run(60.0, rows([1.0] * 60), warned=[40.0])
+    assert (reaped.action, reaped.reason) == ("reap", "idle")
+    assert reaped.evidence["warned_at"] == 40.0
 
 
 def test_a_busy_sample_ends_the_idle_run_and_its_warning() -> None:
@@ -98,14 +98,14 @@ def test_types_use_their_own_window() -> None:
 
 
 def test_without_an_idle_section_only_types_with_an_idle_window_are_watched() -> None:
-    policy = ReclaimPolicy(types={"notebook": TypePolicy(idle_window=10)})
+    policy = ReapingPolicy(types={"notebook": TypePolicy(idle_window=10)})
     assert run(50.0, rows([0.0] * 50), attempt=job("batch"), policy=policy) == []
     assert [d.action for d in run(50.0, rows([0.0] * 50), policy=policy)] == ["warn"]
 
 
 def test_ttl_reclaims_a_notebook_that_ran_too_long_busy_or_not() -> None:
     [d] = run(700.0, rows([90.0] * 10, start=690.0), attempt=job(started=50.0))
-    assert (d.action, d.reason) == ("reclaim", "ttl")
+    assert (d.action, d.reason) == ("reap", "ttl")
     assert d.evidence["ttl_s"] == 600
     assert run(500.0, rows([90.0] * 10, start=490.0), attempt=job(started=50.0)) == []
 
@@ -137,7 +137,7 @@ def test_never_reclaimed_idle_before_its_window_passed_with_every_sample_below(
     window: float,
     warn_before: float,
 ) -> None:
-    policy = ReclaimPolicy(
+    policy = ReapingPolicy(
         idle=IdlePolicy(
             threshold=threshold, window=window, warn_before=warn_before, exempt=["training"]
         )
@@ -147,7 +147,7 @@ def test_never_reclaimed_idle_before_its_window_passed_with_every_sample_below(
     attempt = job(type, started=started)
     for d in run(now, usage, attempt=attempt, warned=warned, policy=policy):
         assert type != "training"  # exempt types never
-        if d.action != "reclaim":
+        if d.action != "reap":
             continue
         # The evidence: every interval from the start of the idle time to the newest
         # sample was measured and below the threshold, and they span the window.
@@ -168,7 +168,7 @@ telemetry: {source: fake, file: gpus.json, interval: 1s, aggregate: 2s, retentio
 orphans: kill
 queues:
   - name: root
-    reclaim:
+    reaping:
       idle: {threshold: 5%, window: 30m, warn_before: 10m, exempt: [training]}
       types:
         notebook: {idle_window: 1h, ttl: 12h}
@@ -176,16 +176,16 @@ queues:
       - {name: a, tenant: t}
       - name: b
         tenant: t
-        reclaim: {types: {service: {idle_window: 4h}}}
+        reaping: {types: {service: {idle_window: 4h}}}
 """
 
 
 def test_the_cluster_file_shape_and_inheritance() -> None:
     cluster = load_cluster_text(CLUSTER)
-    a = cluster.queues["a"].reclaim
+    a = cluster.queues["a"].reaping
     assert a is not None and a.idle_rule("notebook") == (5.0, 3600.0, 600.0)
     assert a.idle_rule("training") is None and a.ttl("notebook") == 12 * 3600
-    b = cluster.queues["b"].reclaim  # its own, whole: no idle section, no notebook TTL
+    b = cluster.queues["b"].reaping  # its own, whole: no idle section, no notebook TTL
     assert b is not None and b.idle_rule("notebook") is None
     assert b.idle_rule("service") == (5.0, 4 * 3600.0, 600.0)
     assert cluster.tenants["t"].scratch_expiry == 7 * 86400
@@ -195,9 +195,9 @@ def test_the_cluster_file_shape_and_inheritance() -> None:
 @pytest.mark.parametrize(
     ("bad", "says"),
     [
-        ("reclaim: {idle: {treshold: 5}}", "treshold"),
-        ("reclaim: {types: {notbook: {ttl: 1h}}}", "notbook"),
-        ("reclaim: {idle: {threshold: 150%}}", "threshold"),
+        ("reaping: {idle: {treshold: 5}}", "treshold"),
+        ("reaping: {types: {notbook: {ttl: 1h}}}", "notbook"),
+        ("reaping: {idle: {threshold: 150%}}", "threshold"),
     ],
 )
 def test_mistakes_in_a_policy_are_errors_naming_the_key(bad: str, says: str) -> None:

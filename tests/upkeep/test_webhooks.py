@@ -12,13 +12,13 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from allotment.control.alerts import MaxWaitCheck, fire_max_wait_alerts
 from allotment.control.runner import LoopRunner
-from allotment.control.webhooks import SIGNATURE_HEADER, WebhookDeliveries
 from allotment.domain.cluster import Cluster
 from allotment.domain.loading import load_cluster_text
 from allotment.store.alerts import claim_delivery
 from allotment.store.models import Alert, Job
+from allotment.upkeep.alerts import MaxWaitCheck, fire_max_wait_alerts
+from allotment.upkeep.webhooks import SIGNATURE_HEADER, WebhookDeliveries
 from tests.control.conftest import CLUSTER, MakeLoop, Submit, wait_until
 from tests.control.receiver import receiver
 

@@ -52,7 +52,7 @@ def create_app(
     embedding). Each request's principal is left in ``request.state.principal``.
     ``after_write`` is called after each successful write (the server wakes the control
     loop). ``work_root`` is the control loop's (where replica logs are, see
-    :mod:`allotment.control.layout`); ``policy`` is the loop's scheduler policy, used to
+    :mod:`allotment.store.layout`); ``policy`` is the loop's scheduler policy, used to
     explain waiting jobs. ``audit`` records every write and sensitive read in the audit
     trail (:mod:`allotment.api.audit`), refusals included. ``rate_limit`` turns on a
     token bucket per API token (:mod:`allotment.api.ratelimit`; off by default). After

@@ -14,9 +14,6 @@ from datetime import UTC, datetime
 from sqlalchemy.orm import Session as DbSession
 
 from allotment.api import schemas
-from allotment.control.allocations import placements_from_json
-from allotment.control.layout import replica_name
-from allotment.control.views import snapshot_from_store
 from allotment.domain.cluster import Cluster
 from allotment.domain.lifecycle import ACTIVE, WAITING, JobState
 from allotment.domain.resources import GPU, MILLI
@@ -25,8 +22,11 @@ from allotment.scheduler.decisions import Decisions
 from allotment.scheduler.eta import estimate_starts
 from allotment.scheduler.ordering import UNKNOWN_VALUE
 from allotment.scheduler.snapshot import PendingJob, RunningJob, SchedulerPolicy, Snapshot
+from allotment.store.allocations import placements_from_json
 from allotment.store.jobs import events_for, get_job
+from allotment.store.layout import replica_name
 from allotment.store.models import Attempt, Job
+from allotment.store.views import snapshot_from_store
 
 MAX_HOLDERS = 50
 HIDDEN = "(another tenant)"

@@ -8,11 +8,11 @@ from sqlalchemy.orm import Session as DbSession
 
 from allotment.api import schemas
 from allotment.api.explain import gpus, natural
-from allotment.control.allocations import placements_from_json
-from allotment.control.layout import replica_name
-from allotment.control.views import open_attempts, pending_rows
 from allotment.domain.cluster import Cluster, Queue
 from allotment.domain.resources import GPU
+from allotment.store.allocations import placements_from_json
+from allotment.store.layout import replica_name
+from allotment.store.views import open_attempts, pending_rows
 
 
 def _amounts(milli: dict[str, int]) -> dict[str, float | int]:

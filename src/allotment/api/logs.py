@@ -7,11 +7,11 @@ from pathlib import Path
 from sqlalchemy.orm import Session as DbSession
 
 from allotment.api import schemas
-from allotment.control.allocations import placements_from_json
-from allotment.control.layout import Stream, log_path, logs_dir, replica_name
 from allotment.domain.errors import AllotmentError, NotFound
 from allotment.domain.lifecycle import WAITING, JobState
+from allotment.store.allocations import placements_from_json
 from allotment.store.jobs import get_job
+from allotment.store.layout import Stream, log_path, logs_dir, replica_name
 from allotment.store.models import Attempt
 
 MAX_CHUNK = 1024 * 1024

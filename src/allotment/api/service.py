@@ -22,7 +22,6 @@ from allotment.api.errors import BatchTooLarge, IdempotencyKeyReused
 from allotment.api.logs import read_log
 from allotment.api.policy import Owned
 from allotment.control.cluster_state import ClusterState
-from allotment.control.layout import Stream
 from allotment.domain.cluster import Cluster, PriorityClass, Queue
 from allotment.domain.errors import AllotmentError, ConfigError, Conflict, Issue, MountNotAllowed
 from allotment.domain.isolation import check_execution
@@ -36,6 +35,7 @@ from allotment.scheduler.snapshot import ReplicaRequest, SchedulerPolicy
 from allotment.store import configs as config_store
 from allotment.store import idempotency
 from allotment.store import jobs as job_store
+from allotment.store.layout import Stream
 from allotment.store.models import Event, Job
 
 MAX_BATCH = 1_000

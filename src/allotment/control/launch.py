@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from allotment.control.allocations import placements_from_json
-from allotment.control.layout import attempt_dir, log_path, logs_dir, make_private
 from allotment.domain.cluster import Cluster
 from allotment.domain.errors import ConfigError
 from allotment.domain.isolation import ImageNotAllowed, check_execution, job_image
@@ -25,8 +23,10 @@ from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import FailureClass
 from allotment.domain.resources import CPU, MEMORY
 from allotment.domain.scopes import resolve_mounts
-from allotment.executors.base import Bind, ContainerSpec, Executor, LaunchRequest
+from allotment.executors.base import Bind, ContainerSpec, Executor, LaunchRequest, ReplicaKey
 from allotment.scheduler.snapshot import ReplicaPlacement
+from allotment.store.allocations import placements_from_json
+from allotment.store.layout import attempt_dir, log_path, logs_dir, make_private
 
 PORT_BASE = 20_000
 PORT_SPAN = 10_000
@@ -226,3 +226,8 @@ def launch_attempt(
     except OSError as exc:
         return LaunchFailure(f"launch failed: {exc}", FailureClass.RESOURCES)
     return None
+
+
+def replica_keys(job_id: str, attempt: int, allocation: Sequence[Any]) -> list[ReplicaKey]:
+    """The executor keys of every replica of an attempt."""
+    return [ReplicaKey(job_id, attempt, p.group, p.index) for p in placements_from_json(allocation)]

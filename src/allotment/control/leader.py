@@ -1,4 +1,5 @@
-"""One scheduler leads: a lock held for as long as this process runs the control loop.
+"""One scheduler leads: a lock held for as long as this process runs the control loop,
+and the election that starts a loop runner whenever this process takes the lock.
 
 Several API servers may share one PostgreSQL store, but only the holder of the leader
 lock runs the control loop. On PostgreSQL the lock is a session-level advisory lock
@@ -8,7 +9,12 @@ it is an exclusive ``flock`` on ``<database file>.leader`` next to the database 
 released likewise when the process dies; an in-memory SQLite database belongs to one
 process, which always leads.
 
-Usage::
+:class:`LeaderElection` runs the loop only while holding the lock: the servers that do
+not hold it try again every ``poll_s`` and take over when the leader goes away (its
+process ends, or on PostgreSQL its connection dies); a leader whose lock is lost stops
+its runner at once.
+
+Usage of the lock alone::
 
     leadership = acquire_leadership(engine)
     if leadership is None:
@@ -21,17 +27,24 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 
+from allotment.control.runner import LoopRunner
+
+log = logging.getLogger(__name__)
+
 LEADER_LOCK_KEY = 0x616C6C6F746D6E74
 """The PostgreSQL advisory lock key (``b"allotmnt"`` as a 64-bit integer)."""
 
 LOCK_SUFFIX = ".leader"
+DEFAULT_POLL_S = 2.0
 
 
 class Leadership:
@@ -149,3 +162,92 @@ def _sqlite(engine: Engine) -> Leadership | None:
             os.close(fd)
 
     return Leadership(f"flock {lock_path}", release)
+
+
+class LeaderElection:
+    """Start a runner from ``make_runner`` whenever this process becomes the leader.
+
+    ``make_runner`` is called once per leadership term (a runner starts only once).
+    ``on_change(leading)`` is told of every change. :meth:`start` tries at once, so a
+    process that finds the lock free leads before :meth:`start` returns.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        make_runner: Callable[[], LoopRunner],
+        *,
+        poll_s: float = DEFAULT_POLL_S,
+        on_change: Callable[[bool], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.make_runner = make_runner
+        self.poll_s = poll_s
+        self.on_change = on_change
+        self.runner: LoopRunner | None = None
+        self._leadership: Leadership | None = None
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def leading(self) -> bool:
+        return self.runner is not None
+
+    def wake(self) -> None:
+        """Wake the runner, if this process leads. Never blocks."""
+        runner = self.runner
+        if runner is not None:
+            runner.wake()
+
+    def start(self) -> None:
+        self._step()
+        self._thread = threading.Thread(target=self._run, name="allotment-leader", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the runner (replicas keep running) and give the lock up."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        with self._lock:
+            self._step_down()
+
+    def _run(self) -> None:
+        while not self._stopping.wait(self.poll_s):
+            try:
+                self._step()
+            except Exception:  # the store may be briefly unreachable: try again later
+                log.exception("leader election step failed")
+
+    def _step(self) -> None:
+        with self._lock:
+            if self._stopping.is_set():
+                return
+            if self._leadership is not None:
+                fenced = self.runner is not None and self.runner.fenced
+                if self._leadership.check() and not fenced:
+                    return
+                why = "another server took over" if fenced else "lost the leader lock"
+                log.warning("%s (%s): stopping the scheduler", why, self._leadership)
+                self._step_down()
+                return
+            leadership = acquire_leadership(self.engine)
+            if leadership is None:
+                return
+            self._leadership = leadership
+            self.runner = self.make_runner()
+            self.runner.start()
+            log.info("leading the scheduler (%s)", leadership.where)
+        if self.on_change is not None:
+            self.on_change(True)
+
+    def _step_down(self) -> None:
+        runner, self.runner = self.runner, None
+        if runner is not None:
+            runner.stop()
+        leadership, self._leadership = self._leadership, None
+        if leadership is not None:
+            leadership.release()
+            if self.on_change is not None:
+                self.on_change(False)

@@ -32,12 +32,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
-from allotment.control.allocations import allocation_json, replica_keys
 from allotment.control.cluster_state import ClusterState
-from allotment.control.launch import launch_attempt
+from allotment.control.launch import launch_attempt, replica_keys
 from allotment.control.orphans import OrphanTracker
 from allotment.control.retries import finish_attempt
-from allotment.control.views import open_attempts, pending_of, pending_rows, running_of
 from allotment.domain.cluster import Cluster
 from allotment.domain.errors import NotFound
 from allotment.domain.job import JobSpec
@@ -57,6 +55,7 @@ from allotment.scheduler.snapshot import (
     RunningJob,
     SchedulerPolicy,
 )
+from allotment.store.allocations import allocation_json
 from allotment.store.jobs import (
     get_job,
     jobs_by_id,
@@ -65,6 +64,7 @@ from allotment.store.jobs import (
     transition_job,
 )
 from allotment.store.models import Attempt, Job
+from allotment.store.views import open_attempts, pending_of, pending_rows, running_of
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,6 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
-from allotment.control.reclaim import SYSTEM_SOURCE, SYSTEM_USER
 from allotment.executors.base import ReplicaKey, ReplicaStatus
 from allotment.executors.procfs import environment
 from allotment.store import audit
@@ -61,11 +60,11 @@ def _report(
     audit.append(
         db,
         at=now,
-        user=SYSTEM_USER,
+        user=audit.SYSTEM_USER,
         tenant=tenant,
         action=action,
         object=obj,
-        source=SYSTEM_SOURCE,
+        source=audit.SYSTEM_SOURCE,
         result="ok",
         detail=detail,
     )

@@ -9,8 +9,8 @@ restarted server re-adopts what runs and finds what ended while it was down.
 
 A turn that raises is logged and the next one rebuilds the loop's scheduler session
 from the store (the store is the source of truth), so one bad turn never stops the
-scheduler. After the cycle, each of ``steps`` runs (e.g. the ``max_wait`` check of
-:mod:`allotment.control.alerts`); a step that raises is logged and fails nothing else.
+scheduler. After the cycle, each of ``steps`` runs (the server adds the upkeep's, e.g.
+the ``max_wait`` check); a step that raises is logged and fails nothing else.
 Each cycle's duration is observed in :data:`CYCLE_SECONDS`.
 """
 
@@ -72,7 +72,8 @@ class LoopRunner:
         self._monotonic = monotonic
         self.companions = list(companions)
         """Started after the loop's thread, stopped before it."""
-        self.steps = tuple(steps)
+        self.steps = list(steps)
+        """Run after each cycle, in order."""
         self._woken = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import Field, model_validator
+from pydantic import AliasChoices, Field, model_validator
 
 from allotment.domain.durations import TimeWindow
 from allotment.domain.errors import ConfigError, Issue
@@ -27,9 +27,9 @@ from allotment.domain.fields import (
     Text,
 )
 from allotment.domain.lifecycle import FailureClass
-from allotment.domain.reclaim import OrphanPolicy, ReclaimPolicy, TelemetrySettings
 from allotment.domain.resources import GPU, Resources, format_quantity
 from allotment.domain.tenancy import Tenant, check_uids, derived_uid
+from allotment.domain.upkeep import OrphanPolicy, ReapingPolicy, TelemetrySettings
 
 
 class PriorityClass(Model):
@@ -203,8 +203,11 @@ class QueueSpec(Model):
     network: bool = False
     """Whether this queue's jobs may ask for the network (``network: true``); without
     it, containers run with no network at all."""
-    reclaim: ReclaimPolicy | None = None
-    """Idle and TTL reclamation; inherited by queues below that set none."""
+    reaping: ReapingPolicy | None = Field(
+        default=None, validation_alias=AliasChoices("reaping", "reclaim")
+    )
+    """Idle and TTL reaping; inherited by queues below that set none. ``reclaim`` is
+    the key's former name, still read (configurations stored before the rename)."""
     children: list[QueueSpec] = Field(default_factory=list)
 
 
@@ -273,9 +276,9 @@ class Queue:
         return None
 
     @property
-    def reclaim(self) -> ReclaimPolicy | None:
-        """The reclamation policy of this queue or its nearest ancestor with one."""
-        return self.inherited(lambda spec: spec.reclaim)
+    def reaping(self) -> ReapingPolicy | None:
+        """The reaping policy of this queue or its nearest ancestor with one."""
+        return self.inherited(lambda spec: spec.reaping)
 
     @property
     def max_job_replicas(self) -> int:

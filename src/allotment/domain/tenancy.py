@@ -13,7 +13,7 @@ from pydantic import Field, model_validator
 from allotment.domain.errors import Issue
 from allotment.domain.executor import RuntimeSpec
 from allotment.domain.fields import Duration, ImagePattern, Model, Name
-from allotment.domain.reclaim import DEFAULT_SCRATCH_GRACE_S
+from allotment.domain.upkeep import DEFAULT_SCRATCH_GRACE_S
 from allotment.domain.webhook import Webhook
 
 

@@ -1,11 +1,12 @@
-"""Reclamation and telemetry settings as written in ``cluster.yaml``.
+"""Settings of the periodic upkeep (idle and TTL reaping, telemetry, orphans, scratch
+expiry) as written in ``cluster.yaml``.
 
 Three places take them:
 
-- a queue's ``reclaim`` (inherited by every queue below it that sets none; the nearest
-  one wins whole, as ``retry`` does)::
+- a queue's ``reaping`` (inherited by every queue below it that sets none; the nearest
+  one wins whole, as ``retry`` does; ``reclaim`` is its former name, still read)::
 
-      reclaim:
+      reaping:
         idle: {threshold: 5%, window: 30m, warn_before: 10m, exempt: [training]}
         types:
           notebook: {idle_window: 1h, ttl: 12h}
@@ -49,8 +50,8 @@ class _Model(BaseModel):
 
 class IdlePolicy(_Model):
     """A running job whose allocated GPUs' utilisation stays below ``threshold`` for
-    ``window`` is reclaimed; ``warn_before`` earlier it gets a warning. ``exempt`` job
-    types are never reclaimed for idleness."""
+    ``window`` is reaped (it ends ``reclaimed``); ``warn_before`` earlier it gets a
+    warning. ``exempt`` job types are never reaped for idleness."""
 
     threshold: Percent = 5.0
     window: Duration = 1800.0
@@ -60,22 +61,22 @@ class IdlePolicy(_Model):
 
 class TypePolicy(_Model):
     """Per job type: its own idle window (overriding ``idle.window``) and a time to
-    live (reclaimed after running this long, idle or not)."""
+    live (reaped after running this long, idle or not)."""
 
     idle_window: Duration | None = Field(default=None, gt=0)
     ttl: Duration | None = Field(default=None, gt=0)
 
 
-class ReclaimPolicy(_Model):
-    """A queue's reclamation policy. Idle reclamation applies to a job type when
-    ``idle`` is set or the type has an ``idle_window``; ``ttl`` only where set."""
+class ReapingPolicy(_Model):
+    """A queue's reaping policy. Idle reaping applies to a job type when ``idle`` is
+    set or the type has an ``idle_window``; ``ttl`` only where set."""
 
     idle: IdlePolicy | None = None
     types: dict[JobTypeName, TypePolicy] = Field(default_factory=dict)
 
     def idle_rule(self, job_type: str) -> tuple[float, float, float] | None:
         """``(threshold, window, warn_before)`` for ``job_type``, or ``None`` when its
-        idleness is never reclaimed."""
+        idleness is never reaped."""
         idle = self.idle or IdlePolicy()
         if job_type in idle.exempt:
             return None
@@ -88,7 +89,7 @@ class ReclaimPolicy(_Model):
         return idle.threshold, window, min(idle.warn_before, window)
 
     def ttl(self, job_type: str) -> float | None:
-        """Seconds a job of ``job_type`` may run before it is reclaimed, or ``None``."""
+        """Seconds a job of ``job_type`` may run before it is reaped, or ``None``."""
         own = self._type(job_type)
         return None if own is None else own.ttl
 

@@ -1,12 +1,10 @@
-"""Allocations as the store keeps them (``Attempt.allocation``), and the executor keys
-of their replicas."""
+"""Allocations as the store keeps them (``Attempt.allocation``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from allotment.executors.base import ReplicaKey
 from allotment.scheduler.snapshot import ReplicaPlacement
 
 
@@ -36,8 +34,3 @@ def placements_from_json(allocation: Sequence[Any]) -> tuple[ReplicaPlacement, .
         )
         for item in allocation
     )
-
-
-def replica_keys(job_id: str, attempt: int, allocation: Sequence[Any]) -> list[ReplicaKey]:
-    """The executor keys of every replica of an attempt."""
-    return [ReplicaKey(job_id, attempt, p.group, p.index) for p in placements_from_json(allocation)]

@@ -26,6 +26,10 @@ from sqlalchemy.orm import Session
 
 from allotment.store.models import AuditRecord
 
+SYSTEM_USER = "allotment"
+"""Who the audit trail names for what the platform does by itself."""
+SYSTEM_SOURCE = "control-loop"
+"""The source of those records."""
 GENESIS = "0" * 64
 """The ``prev_hash`` of the first record."""
 

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from sqlalchemy import and_, select
 from sqlalchemy.orm import Session as DbSession
 
-from allotment.control.allocations import placements_from_json
 from allotment.domain.cluster import Cluster
 from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import ACTIVE, JobState
@@ -22,6 +21,7 @@ from allotment.scheduler.snapshot import (
     Snapshot,
     pending_from_spec,
 )
+from allotment.store.allocations import placements_from_json
 from allotment.store.models import Attempt, Job
 
 

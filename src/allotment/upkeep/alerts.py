@@ -10,7 +10,7 @@ A job that has waited past its limit gets exactly one alert per wait: a row in
 ``alerts`` (kind ``max_wait``, dedupe key ``max_wait:<job>:<attempt>``, where
 ``<attempt>`` is the number of attempts the job had made when this wait began, 0 for
 the first), an ``alert`` event on the job, and, when its tenant configured a
-``webhook``, a webhook delivery for :mod:`allotment.control.webhooks`. The insert
+``webhook``, a webhook delivery for :mod:`allotment.upkeep.webhooks`. The insert
 ignores a dedupe key that exists, so checking twice, on two servers or after a
 restart, fires nothing new. Being admitted in time fires nothing; a requeued job may
 fire again for its new wait.

@@ -1,22 +1,28 @@
-"""Idle and TTL reclamation: rows in, decisions out, then one writer.
+"""Idle and TTL reaping: rows in, decisions out, then one writer.
+
+Reaping stops running jobs that waste what they hold: GPUs left idle too long, or a
+type that outlived its time to live. A reaped job ends in the state ``reclaimed`` (its
+resources are taken back as waste). It is not *reclaim*, which is the scheduler taking a
+queue's guaranteed quota back from borrowers by preemption.
 
 :func:`decide` is pure. For each running attempt it takes the queue's
-:class:`~allotment.domain.reclaim.ReclaimPolicy` and the attempt's ``job_usage`` rows:
+:class:`~allotment.domain.upkeep.ReapingPolicy` (its ``reaping`` key) and the
+attempt's ``job_usage`` rows:
 
-- **TTL**: a job type with a ``ttl`` that has run that long is reclaimed (``ttl``).
+- **TTL**: a job type with a ``ttl`` that has run that long is reaped (``ttl``).
 - **Idle**: the *idle run* is the trailing sequence of adjacent intervals whose every
   sample (``gpu_util_max``) was below the threshold. It counts from the *end* of its
   first interval (what happened between the last busy sample and the first idle one is
   unknown, so it is not counted) or the attempt's start if later, up to the end of the
   newest interval or now if earlier. Once it reaches ``window - warn_before`` the job is
-  warned; it is reclaimed (``idle``) once it reaches ``window`` *and* ``warn_before``
+  warned; it is reaped (``idle``) once it reaches ``window`` *and* ``warn_before``
   has passed since a warning given during this run. A busy sample ends the run: the
   next one needs a new warning. Jobs without GPUs, exempt types, and jobs whose newest
-  row is stale (the sampler stalled) are never reclaimed for idleness.
+  row is stale (the sampler stalled) are never reaped for idleness.
 
 :func:`apply` writes the decisions: a warning is an ``idle_warning`` event and alert;
-a reclamation moves the job to ``reclaimed`` (the transition event carries the reason
-and the evidence) and appends an audit record ``job.reclaim`` by ``allotment``. The
+a reaping moves the job to ``reclaimed`` (the transition event carries the reason
+and the evidence) and appends an audit record ``job.reap`` by ``allotment``. The
 control loop then stops the replicas and frees the resources, as for a cancel.
 """
 
@@ -29,23 +35,20 @@ from typing import Any, Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
-from allotment.control.views import open_attempts
 from allotment.domain.cluster import Cluster
 from allotment.domain.durations import format_duration
 from allotment.domain.lifecycle import JobState
-from allotment.domain.reclaim import ReclaimPolicy
+from allotment.domain.upkeep import ReapingPolicy
 from allotment.store import audit
 from allotment.store.alerts import NewAlert, fire_alert
 from allotment.store.jobs import get_job, sync_attempt, transition_job
 from allotment.store.models import Alert, Event
 from allotment.store.usage import job_usage_rows
+from allotment.store.views import open_attempts
 
-SYSTEM_USER = "allotment"
-"""Who the audit trail names for what the platform does by itself."""
-SYSTEM_SOURCE = "control-loop"
 IDLE_WARNING = "idle_warning"
-"""Event and alert kind of a warning before an idle job is reclaimed."""
-RECLAIM_ACTION = "job.reclaim"
+"""Event and alert kind of a warning before an idle job is reaped."""
+REAP_ACTION = "job.reap"
 MAX_EVIDENCE = 120
 """At most this many intervals are copied into an event as evidence (the newest)."""
 
@@ -84,10 +87,10 @@ class RunningAttempt:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Decision:
-    """``warn`` or ``reclaim`` one attempt, with the ``reason`` (``idle`` or ``ttl``)
+    """``warn`` or ``reap`` one attempt, with the ``reason`` (``idle`` or ``ttl``)
     and the evidence that justified it."""
 
-    action: Literal["warn", "reclaim"]
+    action: Literal["warn", "reap"]
     job_id: str
     attempt: int
     reason: Literal["idle", "ttl"]
@@ -124,7 +127,7 @@ def idle_run(
 def decide(
     now: float,
     running: Sequence[RunningAttempt],
-    policy_of: Callable[[str], ReclaimPolicy | None],
+    policy_of: Callable[[str], ReapingPolicy | None],
     usage: Mapping[tuple[str, int], Sequence[UsageRow]],
     warned: Mapping[tuple[str, int], Sequence[float]],
 ) -> list[Decision]:
@@ -140,7 +143,7 @@ def decide(
         if ttl is not None and now - job.started >= ttl:
             decisions.append(
                 Decision(
-                    action="reclaim",
+                    action="reap",
                     job_id=job.job_id,
                     attempt=job.attempt,
                     reason="ttl",
@@ -188,7 +191,7 @@ def decide(
         if idle_for >= window and now >= min(warnings) + warn_before:
             decisions.append(
                 Decision(
-                    action="reclaim",
+                    action="reap",
                     job_id=job.job_id,
                     attempt=job.attempt,
                     reason="idle",
@@ -220,7 +223,7 @@ def gather(db: DbSession, cluster: Cluster, now: float) -> list[Decision]:
     horizon = 0.0
     for job, attempt in open_attempts(db):
         queue = cluster.queues.get(job.queue)
-        policy = None if queue is None else queue.reclaim
+        policy = None if queue is None else queue.reaping
         if job.state != JobState.RUNNING.value or policy is None:
             continue
         rule = policy.idle_rule(job.type)
@@ -252,9 +255,9 @@ def gather(db: DbSession, cluster: Cluster, now: float) -> list[Decision]:
         if alert.job_id is not None and isinstance(attempt_no, int):
             warned.setdefault((alert.job_id, attempt_no), []).append(alert.at)
 
-    def policy_of(name: str) -> ReclaimPolicy | None:
+    def policy_of(name: str) -> ReapingPolicy | None:
         queue = cluster.queues.get(name)
-        return None if queue is None else queue.reclaim
+        return None if queue is None else queue.reaping
 
     return decide(now, running, policy_of, usage, warned)
 
@@ -313,11 +316,11 @@ def apply(
             audit.append(
                 db,
                 at=now,
-                user=SYSTEM_USER,
+                user=audit.SYSTEM_USER,
                 tenant=job.tenant,
-                action=RECLAIM_ACTION,
+                action=REAP_ACTION,
                 object=job.id,
-                source=SYSTEM_SOURCE,
+                source=audit.SYSTEM_SOURCE,
                 result="ok",
                 detail=detail,
             )

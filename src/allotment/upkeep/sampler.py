@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
-from allotment.control.allocations import placements_from_json
-from allotment.control.views import open_attempts
 from allotment.domain.lifecycle import ACTIVE, JobState
 from allotment.executors.base import ReplicaKey, ReplicaUsage
+from allotment.store.allocations import placements_from_json
 from allotment.store.usage import add_device_readings, add_job_samples, prune_usage
+from allotment.store.views import open_attempts
 from allotment.telemetry.aggregate import Holding, interval_start, job_samples
 from allotment.telemetry.sources import DeviceReading, GpuSource
 

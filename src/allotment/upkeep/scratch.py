@@ -6,7 +6,7 @@ longer ago than that reported: a ``scratch_report`` event on the job and a
 ``scratch.report`` audit record with the path and size. A later pass, once
 ``scratch_grace`` has passed since that report, deletes the directory (a
 ``scratch_deleted`` event and a ``scratch.delete`` audit record). Only directories
-below the work root, as :mod:`allotment.control.layout` names them, are touched; a
+below the work root, as :mod:`allotment.store.layout` names them, are touched; a
 symbolic link is never followed.
 """
 
@@ -22,12 +22,11 @@ from sqlalchemy import and_, literal, select, tuple_
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
-from allotment.control.layout import attempt_dir
-from allotment.control.reclaim import SYSTEM_SOURCE, SYSTEM_USER
 from allotment.domain.cluster import Cluster
 from allotment.domain.lifecycle import JobState
 from allotment.domain.tenancy import Tenant
 from allotment.store import audit
+from allotment.store.layout import attempt_dir
 from allotment.store.models import Attempt, Event, Job
 
 log = logging.getLogger(__name__)
@@ -206,11 +205,11 @@ def _record(
     audit.append(
         db,
         at=now,
-        user=SYSTEM_USER,
+        user=audit.SYSTEM_USER,
         tenant=tenant,
         action=action,
         object=job_id,
-        source=SYSTEM_SOURCE,
+        source=audit.SYSTEM_SOURCE,
         result="ok",
         detail=detail,
     )
