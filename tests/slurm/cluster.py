@@ -44,6 +44,8 @@ NODES = {"gpu-node1": ("a100", 4), "gpu-node2": ("a100", 4), "gpu-node3": ("h100
 """Node name → (GPU type, GPU count)."""
 NODE_CPUS = 8
 NODE_MEMORY_MB = 16000
+NODE_MARKER = "ALLOTMENT_TEST_SLURM_NODE"
+"""In a node's ``slurmd`` environment (and so its ``slurmstepd``'s): what the harness kills."""
 CTLD_PORT = 16817
 FIRST_NODE_PORT = 17001
 
@@ -202,11 +204,13 @@ class SlurmCluster:
             )
             wrapper.chmod(0o755)
 
-    def _spawn(self, *argv: str, log: str) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, *argv: str, log: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         with (self.log_dir / log).open("ab") as out:
             return subprocess.Popen(
                 [*self.enter(), *argv],
-                env=self.env,
+                env={**self.env, **(env or {})},
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -262,19 +266,27 @@ class SlurmCluster:
             "-d",
             str(sbin / "slurmstepd"),
             log=f"{name}.out",
+            env={NODE_MARKER: name},  # inherited by the slurmstepd it starts
         )
 
     def kill_node(self, name: str) -> None:
         """SIGKILL one node's ``slurmd`` and every job step it runs, as a dead machine.
-        Everything is frozen first: a dead machine reports nothing, while a
-        ``slurmstepd`` that outlived its step by a moment would tell Slurm the step was
-        killed by a signal (a user's failure) before Slurm noticed the node was gone."""
+        Everything is frozen first, ``slurmd`` before what it started, until nothing new
+        of the node appears: a dead machine reports nothing, while a ``slurmstepd`` left
+        running a moment (one just started, a step's or a batch script's) would tell
+        Slurm its job failed (a user's failure) before Slurm noticed the node was gone."""
         process = self.nodes.pop(name)
-        groups = [process.pid, *_steps_of(name)]
-        for sig in (signal.SIGSTOP, signal.SIGKILL):
-            for group in groups:
+        frozen: set[int] = set()
+        found = {process.pid}
+        while found:
+            for group in found:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(group, sig)
+                    os.killpg(group, signal.SIGSTOP)
+            frozen |= found
+            found = set(_steps_of(name)) - frozen
+        for group in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=10)
 
@@ -324,20 +336,18 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
 
 
 def _steps_of(node: str) -> list[int]:
-    """Process groups of the job steps running on ``node``: every process whose
-    environment says ``SLURMD_NODENAME=<node>``, and its ``slurmstepd`` parent."""
-    marker = f"SLURMD_NODENAME={node}".encode()
+    """Process groups of what ``node``'s ``slurmd`` started: every ``slurmstepd`` (it
+    inherits :data:`NODE_MARKER` from ``slurmd``) and every job process (its
+    environment says ``SLURMD_NODENAME=<node>``)."""
+    markers = {f"SLURMD_NODENAME={node}".encode(), f"{NODE_MARKER}={node}".encode()}
     groups: set[int] = set()
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if marker not in (entry / "environ").read_bytes().split(b"\0"):
+            if markers.isdisjoint((entry / "environ").read_bytes().split(b"\0")):
                 continue
             groups.add(os.getpgid(int(entry.name)))
-            parent = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
-            if (Path("/proc") / str(parent) / "cmdline").read_bytes().startswith(b"slurmstepd"):
-                groups.add(os.getpgid(parent))
         except (OSError, ValueError):
             continue
     return sorted(groups)
