@@ -17,7 +17,7 @@ from allotment.client import AllotmentClient, ClientError
 from allotment.domain.loading import load_cluster_text
 from allotment.store import migrate
 from allotment.store.db import session_factory
-from allotment.store.idempotency import find, record
+from allotment.store.idempotency import find, prune, record
 from tests.api.conftest import FakeClock, serve
 from tests.store.conftest import engine  # noqa: F401  (the parametrized fixture)
 
@@ -136,3 +136,22 @@ def test_fault_keys_are_each_users_own(engine: Engine) -> None:  # noqa: F811
         assert find(db, "alice", "k", now=101.0) is not None
         assert find(db, "bob", "k", now=101.0) is None
         assert find(db, "alice", "k", now=100.0 + 24 * 3600 + 1) is None  # expired
+
+
+def test_an_expired_key_is_replaced_by_its_reuse_and_pruned_by_upkeep(
+    engine: Engine,  # noqa: F811
+) -> None:
+    migrate.upgrade(engine)
+    sessions = session_factory(engine)
+    later = 100.0 + 24 * 3600 + 1
+    with sessions.begin() as db:
+        record(db, "alice", "k", "d", ["j-1"], now=100.0)
+        record(db, "bob", "k", "d", ["j-2"], now=100.0)
+    with sessions.begin() as db:  # alice's key, expired, is free for a new submission
+        record(db, "alice", "k", "e", ["j-3"], now=later)
+    with sessions.begin() as db:
+        assert prune(db, now=later) == 1  # bob's, expired; alice's new one stays
+    with sessions() as db:
+        row = find(db, "alice", "k", now=later)
+        assert row is not None and row.job_ids == ["j-3"]
+        assert find(db, "bob", "k", now=100.0) is None

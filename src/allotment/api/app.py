@@ -25,6 +25,7 @@ from allotment.api.tokens import TokenService
 from allotment.control.cluster_state import ClusterState
 from allotment.domain.cluster import Cluster
 from allotment.scheduler.snapshot import SchedulerPolicy
+from allotment.store.batching import GroupCommit
 
 
 def create_app(
@@ -66,8 +67,14 @@ def create_app(
     start a server or the control loop.
     """
     app = FastAPI(title="Allotment", version="1")
+    writes = GroupCommit(store_sessions)  # requests' writes, committed in groups
     app.state.service = JobService(
-        cluster=cluster, sessions=store_sessions, clock=clock, work_root=work_root, policy=policy
+        cluster=cluster,
+        sessions=store_sessions,
+        clock=clock,
+        work_root=work_root,
+        policy=policy,
+        writes=writes,
     )
     app.state.tokens = TokenService(
         cluster=lambda: app.state.service.cluster, sessions=store_sessions, clock=clock
@@ -92,7 +99,7 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_middleware(RefuseNul)
     if audit:
-        app.add_middleware(AuditTrail, sessions=store_sessions, clock=clock)
+        app.add_middleware(AuditTrail, writes=writes, clock=clock)
     if rate_limit is not None:
         app.add_middleware(RateLimiter, limit=rate_limit)  # outermost: floods are not audited
     return app

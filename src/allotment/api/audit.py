@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from allotment.api import schemas
 from allotment.store import audit as audit_store
+from allotment.store.batching import GroupCommit
 from allotment.store.models import AuditRecord
 
 log = logging.getLogger(__name__)
@@ -132,11 +133,10 @@ def result_of(status: int, code: str | None) -> str:
 class AuditTrail:
     """ASGI middleware appending one audit record per audited request."""
 
-    def __init__(
-        self, app: ASGIApp, *, sessions: sessionmaker[Session], clock: Callable[[], float]
-    ) -> None:
+    def __init__(self, app: ASGIApp, *, writes: GroupCommit, clock: Callable[[], float]) -> None:
         self.app = app
-        self.sessions = sessions
+        self.writes = writes
+        """Records are committed in groups with other requests' writes."""
         self.clock = clock
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -217,8 +217,7 @@ class AuditTrail:
             log.exception("could not append the audit record %s", record)
 
     def _append(self, record: dict[str, Any]) -> None:
-        with self.sessions.begin() as db:
-            audit_store.append(db, **record)
+        self.writes.run(lambda db: audit_store.append(db, **record))
 
 
 # ---------------------------------------------------------------- reading

@@ -35,6 +35,7 @@ from allotment.scheduler.snapshot import ReplicaRequest, SchedulerPolicy
 from allotment.store import configs as config_store
 from allotment.store import idempotency
 from allotment.store import jobs as job_store
+from allotment.store.batching import GroupCommit
 from allotment.store.layout import Stream
 from allotment.store.models import Event, Job
 
@@ -132,10 +133,13 @@ class JobService:
         clock: Callable[[], float],
         work_root: Path | None = None,
         policy: SchedulerPolicy | None = None,
+        writes: GroupCommit | None = None,
     ) -> None:
         self.state = ClusterState.of(cluster)
         """The cluster in use (the server's, shared with the control loop)."""
         self.sessions = sessions
+        self.writes = writes if writes is not None else GroupCommit(sessions)
+        """Submissions are written grouped with other requests' writes."""
         self.clock = clock
         self.work_root = work_root
         self.policy = policy
@@ -200,28 +204,32 @@ class JobService:
         digest: str,
         store: Callable[[Session], list[Job]],
     ) -> list[schemas.JobOut]:
-        """Run ``store`` in one transaction, at most once per ``(user, key)``: a repeat
+        """Run ``store`` in one transaction (grouped with other requests' writes: it may
+        run again, alone, when the group fails), at most once per ``(user, key)``: a repeat
         of the request answers the jobs it made; the key with another request raises
         :class:`IdempotencyKeyReused` (409)."""
+
+        def write(session: Session) -> list[schemas.JobOut]:
+            now = self.clock()
+            earlier = idempotency.find(session, user, key, now=now) if key else None
+            if earlier is not None:
+                if earlier.digest != digest:
+                    raise IdempotencyKeyReused(
+                        "this Idempotency-Key was sent with another request before; "
+                        "use a new key for a new submission",
+                        fields={"key": key},
+                    )
+                return [job_out(job_store.get_job(session, j)) for j in earlier.job_ids]
+            jobs = store(session)
+            if key:
+                ids = [job.id for job in jobs]
+                idempotency.record(session, user, key, digest, ids, now=now)
+            return [job_out(job) for job in jobs]
+
         for _ in range(3):
             try:
-                with self.sessions.begin() as session:
-                    now = self.clock()
-                    earlier = idempotency.find(session, user, key, now=now) if key else None
-                    if earlier is not None:
-                        if earlier.digest != digest:
-                            raise IdempotencyKeyReused(
-                                "this Idempotency-Key was sent with another request before; "
-                                "use a new key for a new submission",
-                                fields={"key": key},
-                            )
-                        return [job_out(job_store.get_job(session, j)) for j in earlier.job_ids]
-                    jobs = store(session)
-                    if key:
-                        ids = [job.id for job in jobs]
-                        idempotency.record(session, user, key, digest, ids, now=now)
-                    return [job_out(job) for job in jobs]
-            except (IntegrityError, idempotency.KeyTaken):
+                return self.writes.run(write)
+            except IntegrityError:
                 if not key:
                     raise
                 # A concurrent request with the same key won: answer with what it made.

@@ -16,10 +16,6 @@ KEPT_S = 24 * 3600.0
 """How long a key is remembered."""
 
 
-class KeyTaken(Exception):
-    """Another submission with this key committed first."""
-
-
 def find(session: Session, user: str, key: str, *, now: float) -> IdempotencyKey | None:
     """The submission ``user`` made with ``key`` within :data:`KEPT_S`, if any."""
     row = session.get(IdempotencyKey, (user, key))
@@ -31,16 +27,22 @@ def find(session: Session, user: str, key: str, *, now: float) -> IdempotencyKey
 def record(
     session: Session, user: str, key: str, digest: str, job_ids: list[str], *, now: float
 ) -> None:
-    """Remember what ``key`` made (in the submission's transaction); forget expired
-    keys. A concurrent submission with the same key that committed first raises
-    :class:`KeyTaken` here, or makes this commit fail on the primary key: either way
-    the caller rolls back and reads the winner's answer."""
-    session.execute(delete(IdempotencyKey).where(IdempotencyKey.created_at < now - KEPT_S))
-    stale = session.get(IdempotencyKey, (user, key))
-    if stale is not None:
-        if stale.created_at >= now - KEPT_S:
-            raise KeyTaken(key)  # a concurrent request with this key committed first
-        session.delete(stale)  # expired: the key may be used afresh
-        session.flush()
+    """Remember what ``key`` made (in the submission's transaction), replacing the key's
+    expired record if there is one. A concurrent submission with the same key that
+    committed first makes this insert fail on the primary key: the caller rolls back
+    and reads the winner's answer."""
+    session.execute(
+        delete(IdempotencyKey).where(
+            IdempotencyKey.user == user,
+            IdempotencyKey.key == key,
+            IdempotencyKey.created_at < now - KEPT_S,
+        )
+    )
     session.add(IdempotencyKey(user=user, key=key, digest=digest, job_ids=job_ids, created_at=now))
     session.flush()
+
+
+def prune(session: Session, *, now: float) -> int:
+    """Forget every key older than :data:`KEPT_S`; return how many (periodic upkeep)."""
+    result = session.execute(delete(IdempotencyKey).where(IdempotencyKey.created_at < now - KEPT_S))
+    return int(getattr(result, "rowcount", 0) or 0)

@@ -7,7 +7,8 @@ On the leading server, on the housekeeper's thread (:mod:`.housekeeper`), every
 - the orphan GPU process check on those readings (the loop's orphan tracker);
 - idle and TTL reaping (:mod:`.reaping`);
 - scratch expiry, every minute (:mod:`.scratch`);
-- usage retention, every hour (:mod:`.sampler`).
+- retention, every hour: usage rows (:mod:`.sampler`) and submissions' idempotency
+  keys (:mod:`allotment.store.idempotency`).
 
 On the leading server, after each scheduling turn, at most every second:
 

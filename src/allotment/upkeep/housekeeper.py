@@ -7,7 +7,7 @@ TTL reaping (:mod:`allotment.upkeep.reaping`: read outside any lock, then writte
 one short transaction under the loop runner's lock, so it never interleaves with a
 scheduling turn), then wakes the loop so that reaped jobs' replicas are stopped and
 their GPUs given to waiting jobs at once. Less often it expires scratch data and
-deletes usage rows past the retention.
+deletes usage rows and idempotency keys past their retention.
 
 Runs only where the control loop runs (on the leading server); a step that raises is
 logged and the next one goes on.
@@ -28,6 +28,7 @@ from sqlalchemy.orm import sessionmaker
 
 from allotment.domain.cluster import Cluster
 from allotment.executors.base import ReplicaKey, ReplicaUsage
+from allotment.store import idempotency
 from allotment.telemetry.sources import DeviceReading, make_source
 from allotment.upkeep import reaping
 from allotment.upkeep.reaping import Decision
@@ -52,6 +53,7 @@ class Step:
     scratch: list[ScratchAction] = field(default_factory=list)
     killed: list[int] = field(default_factory=list)
     pruned: int = 0
+    """Usage rows past the retention and idempotency keys past theirs, deleted."""
 
 
 class Housekeeper:
@@ -127,6 +129,8 @@ class Housekeeper:
             self._next_scratch = now + self.scratch_every_s
         if now >= self._next_prune:
             out.pruned = self.sampler.prune()
+            with self.sessions.begin() as db:
+                out.pruned += idempotency.prune(db, now=now)
             self._next_prune = now + self.prune_every_s
         return out
 
