@@ -54,7 +54,7 @@ from allotment.store import migrate
 from allotment.store.configs import apply_cluster_config, current_cluster_config
 from allotment.store.db import make_engine, session_factory
 from allotment.store.fencing import fence, take_term
-from allotment.upkeep import leader_upkeep, server_upkeep
+from allotment.upkeep import housekeeper_for, leader_upkeep, server_upkeep
 from allotment.upkeep.webhooks import WebhookDeliveries
 
 log = logging.getLogger("allotment.server")
@@ -265,7 +265,7 @@ class Server:
             tick_s=self.options.tick_s,
             reconcile_every_s=self.options.reconcile_every_s,
         )
-        upkeep = leader_upkeep(
+        keeper = housekeeper_for(
             self.state.current,
             fenced,
             usage=self.executor.usage,
@@ -274,8 +274,10 @@ class Server:
             orphan_gpus=self.loop.orphans.gpu_processes,
             wake=runner.wake,
             lock=runner.lock,
-            on_alert=self.webhooks.wake if self.webhooks is not None else None,
             base=self.options.cluster_file.parent if self.options.cluster_file else None,
+        )
+        upkeep = leader_upkeep(
+            keeper, on_alert=self.webhooks.wake if self.webhooks is not None else None
         )
         runner.steps.extend(upkeep.steps)
         runner.companions.append(upkeep.housekeeper)

@@ -19,7 +19,8 @@ polled every second:
 
 - webhook delivery (:mod:`.webhooks`).
 
-:func:`leader_upkeep` builds what the leading server runs beside its control loop;
+:func:`housekeeper_for` and :func:`leader_upkeep` build what the leading server runs
+beside its control loop;
 :func:`server_upkeep` what every server runs. The composition root (``server.py``)
 calls both and hands them the one :class:`~allotment.control.cluster_state.ClusterState`
 as a ``cluster()`` callable: upkeep reads the cluster in use, it never holds a copy.
@@ -30,19 +31,18 @@ is handed in.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
 from allotment.domain.cluster import Cluster
-from allotment.executors.base import ReplicaKey, ReplicaUsage
 from allotment.upkeep.alerts import MaxWaitCheck
-from allotment.upkeep.housekeeper import Housekeeper, OrphanCheck, housekeeper_for
+from allotment.upkeep.housekeeper import Housekeeper, housekeeper_for
 from allotment.upkeep.webhooks import WebhookDeliveries
+
+__all__ = ["LeaderUpkeep", "housekeeper_for", "leader_upkeep", "server_upkeep"]
 
 
 @dataclass(frozen=True)
@@ -55,34 +55,16 @@ class LeaderUpkeep:
 
 
 def leader_upkeep(
-    cluster: Callable[[], Cluster],
-    sessions: sessionmaker[DbSession],
-    *,
-    usage: Callable[[], Mapping[ReplicaKey, ReplicaUsage]],
-    clock: Callable[[], float],
-    work_root: Path,
-    orphan_gpus: OrphanCheck,
-    wake: Callable[[], None],
-    lock: AbstractContextManager[object],
-    on_alert: Callable[[], None] | None = None,
-    base: Path | None = None,
+    housekeeper: Housekeeper, *, on_alert: Callable[[], None] | None = None
 ) -> LeaderUpkeep:
-    """The leader's upkeep on its fenced ``sessions``. ``wake`` and ``lock`` are the loop
-    runner's; ``on_alert`` is called when alerts fired (wakes webhook delivery);
-    ``base`` is where a relative fake-telemetry file is read from."""
-    alerts = MaxWaitCheck(sessions, cluster, clock=clock, on_fired=on_alert)
-    keeper = housekeeper_for(
-        cluster,
-        sessions,
-        usage=usage,
-        clock=clock,
-        work_root=work_root,
-        orphan_gpus=orphan_gpus,
-        wake=wake,
-        lock=lock,
-        base=base,
+    """The leader's upkeep around ``housekeeper`` (:func:`housekeeper_for`: on the
+    leader's fenced sessions, with the loop runner's wake-up and lock): the
+    ``max_wait`` check on the same store, cluster and clock. ``on_alert`` is called when
+    alerts fired (it wakes webhook delivery)."""
+    alerts = MaxWaitCheck(
+        housekeeper.sessions, housekeeper.cluster, clock=housekeeper.clock, on_fired=on_alert
     )
-    return LeaderUpkeep(steps=(alerts,), housekeeper=keeper)
+    return LeaderUpkeep(steps=(alerts,), housekeeper=housekeeper)
 
 
 def server_upkeep(
