@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from allotment.control.runner import LoopRunner
 from allotment.domain.lifecycle import JobState
 from allotment.domain.loading import load_cluster_text
-from allotment.store.models import JobUsage
+from allotment.store.models import Event, JobUsage
 from allotment.upkeep.housekeeper import housekeeper_for
 from tests.control.conftest import CLUSTER, MakeLoop, Submit, state_of, wait_until
 
@@ -79,3 +79,41 @@ def test_the_housekeeper_samples_and_reaps_beside_the_runner(
     finally:
         runner.stop()
     assert not runner.alive
+
+
+def test_a_notebooks_own_ttl_reaps_it_where_its_queue_sets_no_policy(
+    make_loop: MakeLoop, sessions: sessionmaker[Session], submit: Submit, tmp_path: Path
+) -> None:
+    loop = make_loop()
+    loop.state.apply(load_cluster_text(CLUSTER.read_text() + POLICY))
+    assert loop.sync()
+    (tmp_path / "gpus.json").write_text(json.dumps({"localhost/0": {"utilization": 50}}))
+    runner = LoopRunner(loop, tick_s=0.2)
+    keeper = housekeeper_for(
+        loop.state.current,
+        loop.store_sessions,
+        usage=loop.executor.usage,
+        clock=loop.clock,
+        work_root=loop.work_root,
+        orphan_gpus=loop.orphans.gpu_processes,
+        wake=runner.wake,
+        lock=runner.lock,
+        base=tmp_path,
+    )
+    runner.companions.append(keeper)
+    runner.start()
+    try:
+        sleep = "import time; time.sleep(60)"
+        own = submit(sleep, fields={"type": "notebook", "notebook": {"ttl": "1s"}})
+        other = submit(sleep, fields={"type": "notebook"})  # no limit of its own
+        runner.wake()
+        wait_until(lambda: state_of(sessions, own) is JobState.RECLAIMED, "reaped")
+        assert state_of(sessions, other) is JobState.RUNNING
+        assert keeper.reaped == {"ttl": 1}
+        with sessions() as db:
+            event = db.scalars(
+                select(Event).where(Event.job_id == own, Event.kind == "transition")
+            ).all()[-1]
+        assert "time to live of 1s" in event.message and event.detail["reason"] == "ttl"
+    finally:
+        runner.stop()

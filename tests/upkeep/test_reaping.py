@@ -46,7 +46,7 @@ def run(
     return decide(
         now,
         [attempt],
-        lambda _queue: policy,
+        lambda _attempt: policy,
         {(attempt.job_id, attempt.attempt): usage},
         {(attempt.job_id, attempt.attempt): list(warned)} if warned else {},
     )
@@ -190,6 +190,27 @@ def test_the_cluster_file_shape_and_inheritance() -> None:
     assert b.idle_rule("service") == (5.0, 4 * 3600.0, 600.0)
     assert cluster.tenants["t"].scratch_expiry == 7 * 86400
     assert cluster.source.telemetry.source == "fake" and cluster.source.orphans == "kill"
+
+
+def test_a_notebooks_own_limits_apply_on_top_of_its_queues() -> None:
+    queue = load_cluster_text(CLUSTER).queues["a"].reaping
+    assert queue is not None  # notebooks: idle window 1h, ttl 12h; training exempt
+    tighter = queue.with_own("notebook", ttl=3600, idle_timeout=600)
+    assert tighter.ttl("notebook") == 3600 and tighter.idle_rule("notebook") == (5.0, 600, 600)
+    looser = queue.with_own("notebook", ttl=86400, idle_timeout=7200)
+    assert looser.ttl("notebook") == 12 * 3600  # the queue's limits still hold
+    assert looser.idle_rule("notebook") == (5.0, 3600.0, 600.0)
+    alone = ReapingPolicy().with_own("notebook", ttl=None, idle_timeout=120)
+    assert alone.ttl("notebook") is None and alone.idle_rule("notebook") == (5.0, 120, 120)
+    exempt = ReapingPolicy(idle=IdlePolicy(exempt=["notebook"]))
+    assert exempt.idle_rule("notebook") is None
+    assert exempt.with_own("notebook", ttl=None, idle_timeout=300).idle_rule("notebook") == (
+        5.0,
+        300,
+        300,
+    )
+    assert queue.with_own("notebook", ttl=None, idle_timeout=None) is queue
+    assert tighter.ttl("service") == queue.ttl("service")  # other types untouched
 
 
 @pytest.mark.parametrize(

@@ -93,8 +93,32 @@ class ReapingPolicy(_Model):
         own = self._type(job_type)
         return None if own is None else own.ttl
 
+    def with_own(
+        self, job_type: JobTypeName, *, ttl: float | None, idle_timeout: float | None
+    ) -> ReapingPolicy:
+        """This policy for a job that sets its own limits (a notebook's ``ttl`` and
+        ``idle_timeout``): the shorter of its own and the queue's apply, and its own
+        idle limit applies even where the queue exempts its type."""
+        if ttl is None and idle_timeout is None:
+            return self
+        own = self._type(job_type) or TypePolicy()
+        rule = self.idle_rule(job_type)
+        window = rule[1] if rule is not None else None
+        merged = TypePolicy(
+            ttl=_shorter(own.ttl, ttl),
+            idle_window=_shorter(window, idle_timeout) if idle_timeout else own.idle_window,
+        )
+        idle = self.idle
+        if idle is not None and idle_timeout and job_type in idle.exempt:
+            idle = idle.model_copy(update={"exempt": [t for t in idle.exempt if t != job_type]})
+        return ReapingPolicy(idle=idle, types={**self.types, job_type: merged})
+
     def _type(self, job_type: str) -> TypePolicy | None:
         return next((p for t, p in self.types.items() if t == job_type), None)
+
+
+def _shorter(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 TelemetrySourceName = Literal["nvml", "fake", "none"]

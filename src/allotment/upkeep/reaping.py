@@ -6,7 +6,8 @@ resources are taken back as waste). It is not *reclaim*, which is the scheduler 
 queue's guaranteed quota back from borrowers by preemption.
 
 :func:`decide` is pure. For each running attempt it takes the queue's
-:class:`~allotment.domain.upkeep.ReapingPolicy` (its ``reaping`` key) and the
+:class:`~allotment.domain.upkeep.ReapingPolicy` (its ``reaping`` key; for a notebook
+with its own ``ttl`` or ``idle_timeout``, those on top: the shorter applies) and the
 attempt's ``job_usage`` rows:
 
 - **TTL**: a job type with a ``ttl`` that has run that long is reaped (``ttl``).
@@ -37,6 +38,7 @@ from sqlalchemy.orm import Session as DbSession
 
 from allotment.domain.cluster import Cluster
 from allotment.domain.durations import format_duration
+from allotment.domain.job import NotebookSettings
 from allotment.domain.lifecycle import JobState
 from allotment.domain.upkeep import ReapingPolicy
 from allotment.store import audit
@@ -127,16 +129,16 @@ def idle_run(
 def decide(
     now: float,
     running: Sequence[RunningAttempt],
-    policy_of: Callable[[str], ReapingPolicy | None],
+    policy_of: Callable[[RunningAttempt], ReapingPolicy | None],
     usage: Mapping[tuple[str, int], Sequence[UsageRow]],
     warned: Mapping[tuple[str, int], Sequence[float]],
 ) -> list[Decision]:
     """What to do now with each running attempt (see the module's docstring).
-    ``policy_of(queue)`` is the queue's effective policy; ``warned`` holds the times of
+    ``policy_of(attempt)`` is the policy in force for its job; ``warned`` holds the times of
     the idle warnings already given to each attempt."""
     decisions: list[Decision] = []
     for job in running:
-        policy = policy_of(job.queue)
+        policy = policy_of(job)
         if policy is None:
             continue
         ttl = policy.ttl(job.type)
@@ -203,6 +205,22 @@ def decide(
     return decisions
 
 
+def _policy(
+    cluster: Cluster, queue_name: str, job_type: str, spec: Mapping[str, Any]
+) -> ReapingPolicy | None:
+    """The policy for one job: its queue's (or the nearest ancestor's), with the job's
+    own notebook limits on top."""
+    queue = cluster.queues.get(queue_name)
+    policy = None if queue is None else queue.reaping
+    own = spec.get("notebook") if job_type == "notebook" else None
+    if not isinstance(own, Mapping):
+        return policy
+    settings = NotebookSettings.model_validate(own)
+    return (policy or ReapingPolicy()).with_own(
+        "notebook", ttl=settings.ttl, idle_timeout=settings.idle_timeout
+    )
+
+
 def _rows(rows: Sequence[Any]) -> list[UsageRow]:
     return [
         UsageRow(
@@ -220,12 +238,15 @@ def gather(db: DbSession, cluster: Cluster, now: float) -> list[Decision]:
     """Read the running attempts, their usage over the longest window in force, and
     their warnings; return :func:`decide`'s answer."""
     running: list[RunningAttempt] = []
+    policies: dict[str, ReapingPolicy] = {}
     horizon = 0.0
     for job, attempt in open_attempts(db):
-        queue = cluster.queues.get(job.queue)
-        policy = None if queue is None else queue.reaping
-        if job.state != JobState.RUNNING.value or policy is None:
+        if job.state != JobState.RUNNING.value:
             continue
+        policy = _policy(cluster, job.queue, job.type, job.spec)
+        if policy is None:
+            continue
+        policies[job.id] = policy
         rule = policy.idle_rule(job.type)
         if rule is not None:
             horizon = max(horizon, rule[1])
@@ -255,11 +276,7 @@ def gather(db: DbSession, cluster: Cluster, now: float) -> list[Decision]:
         if alert.job_id is not None and isinstance(attempt_no, int):
             warned.setdefault((alert.job_id, attempt_no), []).append(alert.at)
 
-    def policy_of(name: str) -> ReapingPolicy | None:
-        queue = cluster.queues.get(name)
-        return None if queue is None else queue.reaping
-
-    return decide(now, running, policy_of, usage, warned)
+    return decide(now, running, lambda job: policies.get(job.job_id), usage, warned)
 
 
 def apply(
