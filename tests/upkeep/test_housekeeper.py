@@ -10,16 +10,32 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from allotment.control.loop import ControlLoop
 from allotment.control.runner import LoopRunner
 from allotment.domain.lifecycle import JobState
 from allotment.domain.loading import load_cluster_text
 from allotment.store.models import Event, JobUsage
-from allotment.upkeep.housekeeper import housekeeper_for
+from allotment.upkeep.housekeeper import Housekeeper, housekeeper_for
 from tests.control.conftest import CLUSTER, MakeLoop, Submit, state_of, wait_until
 
 POLICY = """
 telemetry: {source: fake, file: gpus.json, interval: 0.1s, aggregate: 0.5s}
 """
+
+
+def keeper_beside(loop: ControlLoop, runner: LoopRunner, base: Path) -> Housekeeper:
+    """A housekeeper for ``loop``, as the server builds one beside its runner."""
+    return housekeeper_for(
+        loop.state.current,
+        loop.store_sessions,
+        usage=loop.executor.usage,
+        clock=loop.clock,
+        work_root=loop.work_root,
+        orphan_gpus=loop.orphans.gpu_processes,
+        wake=runner.wake,
+        lock=runner.lock,
+        base=base,
+    )
 
 
 def test_the_housekeeper_samples_and_reaps_beside_the_runner(
@@ -35,17 +51,7 @@ def test_the_housekeeper_samples_and_reaps_beside_the_runner(
     assert loop.sync()
     (tmp_path / "gpus.json").write_text(json.dumps({"localhost/0": {"utilization": 50}}))
     runner = LoopRunner(loop, tick_s=5.0)  # long ticks: only a wake-up turns it quickly
-    keeper = housekeeper_for(
-        loop.state.current,
-        loop.store_sessions,
-        usage=loop.executor.usage,
-        clock=loop.clock,
-        work_root=loop.work_root,
-        orphan_gpus=loop.orphans.gpu_processes,
-        wake=runner.wake,
-        lock=runner.lock,
-        base=tmp_path,
-    )
+    keeper = keeper_beside(loop, runner, tmp_path)
     failures = iter([RuntimeError("one bad step")])
     real_step = keeper.step
 
@@ -89,17 +95,7 @@ def test_a_notebooks_own_ttl_reaps_it_where_its_queue_sets_no_policy(
     assert loop.sync()
     (tmp_path / "gpus.json").write_text(json.dumps({"localhost/0": {"utilization": 50}}))
     runner = LoopRunner(loop, tick_s=0.2)
-    keeper = housekeeper_for(
-        loop.state.current,
-        loop.store_sessions,
-        usage=loop.executor.usage,
-        clock=loop.clock,
-        work_root=loop.work_root,
-        orphan_gpus=loop.orphans.gpu_processes,
-        wake=runner.wake,
-        lock=runner.lock,
-        base=tmp_path,
-    )
+    keeper = keeper_beside(loop, runner, tmp_path)
     runner.companions.append(keeper)
     runner.start()
     try:
