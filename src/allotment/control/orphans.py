@@ -57,17 +57,7 @@ def _report(
     detail: dict[str, Any],
 ) -> None:
     db.add(Event(job_id=job_id, at=now, kind=kind, message=message, detail=detail))
-    audit.append(
-        db,
-        at=now,
-        user=audit.SYSTEM_USER,
-        tenant=tenant,
-        action=action,
-        object=obj,
-        source=audit.SYSTEM_SOURCE,
-        result="ok",
-        detail=detail,
-    )
+    audit.append_system(db, at=now, tenant=tenant, action=action, object=obj, detail=detail)
     log.warning("%s: %s", kind, message)
 
 

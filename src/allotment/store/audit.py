@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,56 +90,44 @@ def append(
 ) -> AuditRecord:
     """Append one record at the head of the chain, in ``db``'s transaction; the caller
     commits. Blocks while another transaction appends."""
-    (record,) = append_many(
-        db,
-        [
-            {
-                "at": at,
-                "user": user,
-                "tenant": tenant,
-                "action": action,
-                "object": object,
-                "source": source,
-                "result": result,
-                "detail": detail,
-            }
-        ],
-    )
-    return record
-
-
-def append_many(db: Session, records: Sequence[Mapping[str, Any]]) -> list[AuditRecord]:
-    """Append ``records`` (each with :func:`append`'s keyword arguments) in order at the
-    head of the chain, in ``db``'s transaction: one lock of the chain, one read of its
-    head, one insert. The caller commits."""
-    if not records:
-        return []
     _lock_chain(db)
     head = db.execute(
         select(AuditRecord.id, AuditRecord.hash).order_by(AuditRecord.id.desc()).limit(1)
     ).first()
-    last_id, last_hash = (0, GENESIS) if head is None else (int(head.id), str(head.hash))
-    rows: list[AuditRecord] = []
-    for fields in records:
-        last_id += 1
-        record = AuditRecord(
-            id=last_id,
-            at=float(fields["at"]),
-            user=fields["user"],
-            tenant=fields["tenant"],
-            action=fields["action"],
-            object=fields["object"],
-            source=fields["source"],
-            result=fields["result"],
-            detail=json.loads(canonical(fields.get("detail") or {})),
-            prev_hash=last_hash,
-            hash="",
-        )
-        record.hash = last_hash = record_hash(record)
-        rows.append(record)
-    db.add_all(rows)
+    record = AuditRecord(
+        id=1 if head is None else int(head.id) + 1,
+        at=float(at),
+        user=user,
+        tenant=tenant,
+        action=action,
+        object=object,
+        source=source,
+        result=result,
+        detail=json.loads(canonical(detail or {})),
+        prev_hash=GENESIS if head is None else head.hash,
+        hash="",
+    )
+    record.hash = record_hash(record)
+    db.add(record)
     db.flush()
-    return rows
+    return record
+
+
+def append_system(
+    db: Session, *, at: float, tenant: str | None, action: str, object: str, detail: dict[str, Any]
+) -> AuditRecord:
+    """Append a record of what the platform did by itself (:data:`SYSTEM_USER`)."""
+    return append(
+        db,
+        at=at,
+        user=SYSTEM_USER,
+        tenant=tenant,
+        action=action,
+        object=object,
+        source=SYSTEM_SOURCE,
+        result="ok",
+        detail=detail,
+    )
 
 
 def list_records(

@@ -330,16 +330,8 @@ def apply(
                 detail=detail,
             )
             sync_attempt(db, job)
-            audit.append(
-                db,
-                at=now,
-                user=audit.SYSTEM_USER,
-                tenant=job.tenant,
-                action=REAP_ACTION,
-                object=job.id,
-                source=audit.SYSTEM_SOURCE,
-                result="ok",
-                detail=detail,
+            audit.append_system(
+                db, at=now, tenant=job.tenant, action=REAP_ACTION, object=job.id, detail=detail
             )
         db.flush()
         done.append(decision)

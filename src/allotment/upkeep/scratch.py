@@ -202,14 +202,4 @@ def _record(
     message: str,
 ) -> None:
     db.add(Event(job_id=job_id, at=now, kind=kind, message=message, detail=detail))
-    audit.append(
-        db,
-        at=now,
-        user=audit.SYSTEM_USER,
-        tenant=tenant,
-        action=action,
-        object=job_id,
-        source=audit.SYSTEM_SOURCE,
-        result="ok",
-        detail=detail,
-    )
+    audit.append_system(db, at=now, tenant=tenant, action=action, object=job_id, detail=detail)
