@@ -155,6 +155,27 @@ class AllotmentClient:
         job: dict[str, Any] = self._request("POST", f"/jobs/{job_id}/cancel")
         return job
 
+    def apply_service(self, spec_text: str) -> dict[str, Any]:
+        """Create the service a ``type: service`` file describes, or update the one of
+        its name (its replicas roll over); returns the service with its ``url``."""
+        service: dict[str, Any] = self._request("POST", "/services", json={"spec": spec_text})
+        return service
+
+    def services(self) -> list[dict[str, Any]]:
+        """Every service the caller may see."""
+        body: dict[str, Any] = self._request("GET", "/services")
+        services: list[dict[str, Any]] = body["services"]
+        return services
+
+    def get_service(self, tenant: str, name: str) -> dict[str, Any]:
+        service: dict[str, Any] = self._request("GET", f"/services/{tenant}/{name}")
+        return service
+
+    def delete_service(self, tenant: str, name: str) -> dict[str, Any]:
+        """Stop every replica of the service and forget it; returns it as it was."""
+        service: dict[str, Any] = self._request("DELETE", f"/services/{tenant}/{name}")
+        return service
+
     def events(self, job_id: str) -> list[dict[str, Any]]:
         """The job's events, oldest first."""
         body: dict[str, Any] = self._request("GET", f"/jobs/{job_id}/events")

@@ -4,9 +4,11 @@ The store (SQLite file in the data directory by default, or ``--db``), migrated 
 newest schema; the cluster configuration (``-f`` applied first; else the one stored;
 else a one-node cluster describing this machine); the local executor; the control loop
 on a thread of its own (:class:`~allotment.control.runner.LoopRunner`), woken by every
-write through the API, with the ``max_wait`` check as a step of each turn; the webhook
+write through the API, with the ``max_wait`` check as a step of each turn and the service controller beside
+it; the webhook
 deliveries of alerts on a thread of their own (on every server: they claim rows with a
-lease); and the HTTP API with the dashboard and ``/metrics``, served by uvicorn.
+lease); and the HTTP API with the dashboard, ``/metrics`` and the service proxy, served by
+uvicorn.
 
 It writes the local user's client configuration (server URL and an admin token) so that
 the CLI works at once; only the token's digest is kept on the server side. That token
@@ -43,6 +45,7 @@ from allotment.control.cluster_state import ClusterState
 from allotment.control.leader import LeaderElection
 from allotment.control.loop import DEFAULT_STOP_GRACE_S, ControlLoop
 from allotment.control.runner import DEFAULT_RECONCILE_EVERY_S, DEFAULT_TICK_S, LoopRunner
+from allotment.control.services import ServiceController, ServiceTraffic
 from allotment.domain.cluster import Cluster
 from allotment.domain.errors import InvalidInput
 from allotment.domain.loading import load_cluster_text
@@ -184,6 +187,9 @@ class Server:
         self.config_path: Path | None = None
         self.executor: Executor | None = None
         self.webhooks: WebhookDeliveries | None = None
+        self.traffic = ServiceTraffic()
+        """Requests in flight per service: counted by the proxy, read by the leader's
+        service controller."""
 
     # ------------------------------------------------------------------ build
 
@@ -225,6 +231,7 @@ class Server:
             rate_limit=options.rate_limit,
             images=self.executor.images,
             enforcement=self.executor.enforcement,
+            traffic=self.traffic,
         )
         self.app.state.on_cluster_change = self._cluster_changed
         self.webhooks = server_upkeep(self.state.current, self.sessions, clock=self.clock)
@@ -281,6 +288,9 @@ class Server:
         )
         runner.steps.extend(upkeep.steps)
         runner.companions.append(upkeep.housekeeper)
+        runner.companions.append(
+            ServiceController(fenced, traffic=self.traffic, clock=self.clock, wake=runner.wake)
+        )
         return runner
 
     def _executor(self, cluster: Cluster) -> Executor:

@@ -8,6 +8,7 @@ to ``vision``, "other" ones to ``nlp``. Objects of another tenant answer 404, ne
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -71,6 +72,18 @@ MATRIX: dict[str, dict[str, Cell]] = {
     "GET /api/v1/report": READ,
     "GET /api/v1/alerts": READ,
     "GET /metrics": PLATFORM_ONLY,
+    "POST /api/v1/services": row((201, 201), (201, 404), (201, 404), (403, 404), (401, 401)),
+    "GET /api/v1/services": READ,
+    "GET /api/v1/services/{tenant}/{name}": READ_OWN,
+    "DELETE /api/v1/services/{tenant}/{name}": row(
+        (200, 200), (200, 404), (200, 404), (403, 404), (401, 401)
+    ),
+    **{
+        f"{method} /svc/{{tenant}}/{{name}}/{{path:path}}": row(
+            (503, 503), (503, 404), (503, 404), (503, 404), (401, 401)
+        )
+        for method in ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+    },
     "GET /api/v1/healthz": OPEN,
     "GET /": READ,
     "GET /openapi.json": OPEN,
@@ -85,12 +98,25 @@ class World:
     url: str
     sessions: sessionmaker[Session]
     people: People
+    services: int = 0
 
     def job(self, tenant: str) -> str:
         """A fresh job of ``tenant``, submitted by its member (bob or nick)."""
         member = "bob" if tenant == "vision" else "nick"
         job_id: str = self.people[member].submit(job(QUEUE[tenant]))["id"]
         return job_id
+
+    def fresh(self, tenant: str) -> str:
+        """The file of a service of ``tenant`` with a name not used before."""
+        self.services += 1
+        spec = json.loads(job(QUEUE[tenant], name=f"s{self.services}")) | {"type": "service"}
+        return json.dumps(spec)
+
+    def service(self, tenant: str) -> str:
+        """A fresh service of ``tenant``, applied by its member: ``tenant/name``."""
+        member = "bob" if tenant == "vision" else "nick"
+        applied = self.people[member].apply_service(self.fresh(tenant))
+        return f"{tenant}/{applied['name']}"
 
     def token(self, tenant: str) -> str:
         """A fresh token id of a member of ``tenant``."""
@@ -154,6 +180,23 @@ BUILD: dict[str, Callable[[World, str], Request]] = {
         f"/api/v1/tokens/{w.token(t)}",
         None,
     ),
+    "POST /api/v1/services": lambda w, t: ("POST", "/api/v1/services", {"spec": w.fresh(t)}),
+    "GET /api/v1/services/{tenant}/{name}": lambda w, t: (
+        "GET",
+        f"/api/v1/services/{w.service(t)}",
+        None,
+    ),
+    "DELETE /api/v1/services/{tenant}/{name}": lambda w, t: (
+        "DELETE",
+        f"/api/v1/services/{w.service(t)}",
+        None,
+    ),
+    **{
+        f"{method} /svc/{{tenant}}/{{name}}/{{path:path}}": (
+            lambda m: lambda w, t: (m, f"/svc/{w.service(t)}/x?y=1", None)
+        )(method)
+        for method in ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+    },
 }
 """How to make the request for a route and a tenant's object; others are plain GETs."""
 
@@ -170,6 +213,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         clock=time.time,
         authenticator=StoreTokens(sessions, clock=time.time),
     )
+    app.state.proxy_wait_s = 0.0  # no controller here: a service never has a ready replica
     with serve(app) as url:
         people = People.issued(url, sessions)
         try:

@@ -674,7 +674,23 @@ def test_check_job_pools(small: Cluster, example: Cluster) -> None:
         ({"max_runtime": "1h", "expected_runtime": "2h"}, "must not exceed max_runtime"),
         ({"replicas": [{"name": "w"}, {"name": "w"}]}, "must be unique"),
         ({"replicas": []}, "at least 1"),
-        ({"type": "service", "service": {"min_replicas": 3, "max_replicas": 2}}, "min_replicas"),
+        (
+            {"type": "service", "service": {"min_replicas": 3, "max_replicas": 2}},
+            "replicas.min (3) must not exceed replicas.max (2)",
+        ),
+        (
+            {"type": "service", "service": {"replicas": {"min": 2, "max": 1}}},
+            "replicas.min (2) must not exceed replicas.max (1)",
+        ),
+        (
+            {"type": "service", "service": {"min_replicas": 1, "replicas": {"max": 1}}},
+            "not both",
+        ),
+        (
+            {"type": "service", "replicas": [{"name": "w", "count": 2}]},
+            "a service's job file describes one replica",
+        ),
+        ({"type": "service", "service": {"health": {"path": "health"}}}, "pattern"),
         ({"type": "sleeping"}, "training"),
     ],
 )

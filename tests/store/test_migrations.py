@@ -17,6 +17,7 @@ TABLES = {
     "alerts",
     "leader_term",
     "idempotency_keys",
+    "services",
 }
 
 

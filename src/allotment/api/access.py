@@ -20,6 +20,7 @@ from allotment.api.auth import Authenticator, Principal, authenticate
 from allotment.api.gate import presented_token
 from allotment.api.policy import Action, require
 from allotment.api.service import JobService
+from allotment.api.services import Services
 from allotment.api.tokens import TokenService
 
 
@@ -49,7 +50,14 @@ def token_service(request: Request) -> TokenService:
     return svc
 
 
+def services(request: Request) -> Services:
+    found = request.app.state.services
+    assert isinstance(found, Services)
+    return found
+
+
 Service = Annotated[JobService, Depends(service)]
+ServiceBook = Annotated[Services, Depends(services)]
 Tokens = Annotated[TokenService, Depends(token_service)]
 
 
@@ -58,6 +66,17 @@ def allowed(action: Action) -> Callable[[Principal], Principal]:
 
     def check(who: CurrentPrincipal) -> Principal:
         require(who, action)
+        return who
+
+    return check
+
+
+def on_service(action: Action) -> Callable[[str, str, Principal, Services], Principal]:
+    """A dependency for ``/services/{tenant}/{name}`` routes: the principal, when it may
+    do ``action`` on that service; 404 for another tenant's, else 403."""
+
+    def check(tenant: str, name: str, who: CurrentPrincipal, book: ServiceBook) -> Principal:
+        require(who, action, book.owned(tenant=tenant, name=name))
         return who
 
     return check

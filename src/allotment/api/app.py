@@ -18,11 +18,15 @@ from allotment.api.images import EnforcementSource, ImagesSource
 from allotment.api.limits import MAX_BODY_BYTES, BodyLimit, RefuseNul
 from allotment.api.metrics import DEFAULT_SETTLE_S, metrics_registry
 from allotment.api.metrics import router as metrics_router
+from allotment.api.proxy import Upstreams
+from allotment.api.proxy import router as proxy_router
 from allotment.api.ratelimit import RateLimit, RateLimiter
 from allotment.api.routes import open_router, router
 from allotment.api.service import JobService
+from allotment.api.services import Services
 from allotment.api.tokens import TokenService
 from allotment.control.cluster_state import ClusterState
+from allotment.control.services import ServiceTraffic
 from allotment.domain.cluster import Cluster
 from allotment.scheduler.snapshot import SchedulerPolicy
 from allotment.store.batching import GroupCommit
@@ -43,6 +47,7 @@ def create_app(
     metrics_settle_s: float = DEFAULT_SETTLE_S,
     images: ImagesSource | None = None,
     enforcement: EnforcementSource | None = None,
+    traffic: ServiceTraffic | None = None,
 ) -> FastAPI:
     """An app serving ``/api/v1`` and the dashboard for ``cluster`` on the store behind
     ``store_sessions``. ``cluster`` is a fixed cluster, or the server's
@@ -63,8 +68,10 @@ def create_app(
     time). ``images`` and ``enforcement`` are the executor's
     :meth:`~allotment.executors.base.Executor.images` and
     :meth:`~allotment.executors.base.Executor.enforcement`, for ``GET /images``
-    (without them the images are unknown; see :mod:`allotment.api.images`). Does not
-    start a server or the control loop.
+    (without them the images are unknown; see :mod:`allotment.api.images`).
+    ``traffic`` is where the service proxy (:mod:`allotment.api.proxy`) counts requests
+    in flight, read by the server's service controller. Does not start a server or the
+    control loop.
     """
     app = FastAPI(title="Allotment", version="1")
     writes = GroupCommit(store_sessions)  # requests' writes, committed in groups
@@ -76,6 +83,9 @@ def create_app(
         policy=policy,
         writes=writes,
     )
+    app.state.services = Services(app.state.service)
+    app.state.traffic = traffic if traffic is not None else ServiceTraffic()
+    app.state.upstreams = Upstreams()
     app.state.tokens = TokenService(
         cluster=lambda: app.state.service.cluster, sessions=store_sessions, clock=clock
     )
@@ -92,6 +102,7 @@ def create_app(
     app.include_router(open_router)
     app.include_router(router)
     app.include_router(dashboard_router)
+    app.include_router(proxy_router)
     app.include_router(metrics_router)
     install_error_handlers(app)
     if after_write is not None:

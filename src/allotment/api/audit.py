@@ -60,6 +60,8 @@ ROUTES: tuple[Route, ...] = (
     _r("POST", r"/jobs:batch", "job.submit_batch", "jobs"),
     _r("POST", r"/jobs/([^/]+)/cancel", "job.cancel"),
     _r("PUT", r"/cluster", "cluster.apply", "cluster"),
+    _r("POST", r"/services", "service.apply", "services"),
+    _r("DELETE", r"/services/([^/]+/[^/]+)", "service.delete"),
     _r("GET", r"/jobs/([^/]+)/logs", "job.logs"),
     _r("GET", r"/audit", "audit.read", "audit"),
     _r("GET", r"/audit/verify", "audit.verify", "audit"),

@@ -41,6 +41,7 @@ class Action(StrEnum):
     REPORT_READ = "reading usage and cost reports"
     ALERT_READ = "reading alerts"
     METRICS_READ = "reading the metrics of every tenant"
+    SERVICE_CALL = "calling a service through its endpoint"
 
 
 PLATFORM = None
@@ -61,6 +62,7 @@ RULES: dict[Action, Role | None] = {
     Action.CLUSTER_APPLY: PLATFORM,
     Action.ALERT_READ: Role.VIEWER,  # its tenant's alerts
     Action.METRICS_READ: PLATFORM,  # the metrics span every tenant
+    Action.SERVICE_CALL: Role.VIEWER,  # its tenant's services
 }
 """The least tenant role each action needs, within the principal's own tenant."""
 

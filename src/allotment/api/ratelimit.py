@@ -8,7 +8,8 @@ fresh bucket each time. A request finding a bucket empty gets 429, code
 ``rate_limited``, and ``Retry-After`` in whole seconds. Buckets live in this process
 only: several servers each apply the limit on their own. At most ``max_keys`` buckets
 are kept; the least recently used are forgotten first (a forgotten bucket starts full
-again).
+again). Requests to services through the proxy (``/svc/...``) with a token known to be
+valid are not limited.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from allotment.api.limits import send_error
 
 OPEN_PATHS = frozenset({"/api/v1/healthz"})
 """Never limited: the health check."""
+PROXIED = "/svc/"
+"""Requests to services through the proxy: not limited once their token is known valid
+(a service's load is what its replicas and autoscaling are for)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,6 +113,9 @@ class RateLimiter:
             await self.app(scope, receive, send)
             return
         keys = request_keys(scope, self._known)
+        if keys[0] in self._valid and str(scope.get("path", "")).startswith(PROXIED):
+            await self.app(scope, receive, send)  # a service's traffic is its own business
+            return
         wait = max(self.buckets.take(key) for key in keys)
         if wait <= 0:
             if not keys[0].startswith("token:") or keys[0] in self._valid:

@@ -12,15 +12,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Body, Depends, Header, Query, Request
+from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 
 from allotment.api import audit, reports, schemas
-from allotment.api.access import CurrentPrincipal, Service, Tokens, allowed, on_job, principal
+from allotment.api.access import (
+    CurrentPrincipal,
+    Service,
+    ServiceBook,
+    Tokens,
+    allowed,
+    on_job,
+    on_service,
+    principal,
+)
 from allotment.api.alerts import alerts_page
 from allotment.api.auth import Principal
 from allotment.api.images import images_view
 from allotment.api.logs import MAX_CHUNK
 from allotment.api.policy import Action, Owned, require, visible_tenant
+from allotment.api.services import ServiceList, ServiceOut
 from allotment.domain.cluster import Cluster, Queue
 from allotment.domain.lifecycle import JobState
 
@@ -48,6 +58,8 @@ AuditReader = Annotated[Principal, Depends(allowed(Action.AUDIT_READ))]
 AuditVerifier = Annotated[Principal, Depends(allowed(Action.AUDIT_VERIFY))]
 ReportReader = Annotated[Principal, Depends(allowed(Action.REPORT_READ))]
 AlertReader = Annotated[Principal, Depends(allowed(Action.ALERT_READ))]
+ServiceReader = Annotated[Principal, Depends(on_service(Action.JOB_READ))]
+ServiceDeleter = Annotated[Principal, Depends(on_service(Action.JOB_CANCEL))]
 
 
 def queue_owned(queue: Queue) -> Owned:
@@ -113,6 +125,46 @@ def submit_jobs(
             idempotency_key=idempotency_key,
         )
     )
+
+
+@router.post("/services", status_code=201, response_model=ServiceOut)
+def apply_service(
+    body: schemas.SubmitRequest,
+    book: ServiceBook,
+    who: CurrentPrincipal,
+    request: Request,
+    response: Response,
+) -> ServiceOut:
+    """Create a service from a ``type: service`` file, or update the one of that name
+    in its tenant (200): its replicas roll over to the new spec."""
+    out, created = book.apply(spec_text=body.spec, user=who.user, may_submit=may_submit(who))
+    if not created:
+        response.status_code = 200
+    return _with_url(out, request)
+
+
+@router.get("/services", response_model=ServiceList)
+def list_services(book: ServiceBook, who: JobLister, request: Request) -> ServiceList:
+    found = book.list(tenant=visible_tenant(who))
+    return ServiceList(services=[_with_url(s, request) for s in found.services])
+
+
+@router.get("/services/{tenant}/{name}", response_model=ServiceOut)
+def get_service(
+    tenant: str, name: str, book: ServiceBook, _: ServiceReader, request: Request
+) -> ServiceOut:
+    return _with_url(book.get(tenant=tenant, name=name), request)
+
+
+@router.delete("/services/{tenant}/{name}", response_model=ServiceOut)
+def delete_service(tenant: str, name: str, book: ServiceBook, who: ServiceDeleter) -> ServiceOut:
+    """Stop every replica of the service and forget it."""
+    return book.delete(tenant=tenant, name=name, user=who.user)
+
+
+def _with_url(service: ServiceOut, request: Request) -> ServiceOut:
+    base = str(request.base_url).rstrip("/")
+    return service.model_copy(update={"url": base + service.path})
 
 
 @router.get("/jobs", response_model=schemas.JobPage)

@@ -25,7 +25,7 @@ from allotment.control.cluster_state import ClusterState
 from allotment.domain.cluster import Cluster, PriorityClass, Queue
 from allotment.domain.errors import AllotmentError, ConfigError, Conflict, Issue, MountNotAllowed
 from allotment.domain.isolation import check_execution
-from allotment.domain.job import JobSpec
+from allotment.domain.job import JobSpec, JobType
 from allotment.domain.lifecycle import JobState
 from allotment.domain.loading import check_job, load_cluster_text, load_job_text
 from allotment.domain.scopes import check_mounts
@@ -38,6 +38,9 @@ from allotment.store import jobs as job_store
 from allotment.store.batching import GroupCommit
 from allotment.store.layout import Stream
 from allotment.store.models import Event, Job
+
+Checked = tuple[JobSpec, Queue, PriorityClass]
+"""A job file parsed and checked: its spec, its queue and its priority class."""
 
 MAX_BATCH = 1_000
 """Most job specs one batch submission may hold (more: ``batch_too_large``, HTTP 413)."""
@@ -159,7 +162,7 @@ class JobService:
         ``may_submit`` is given the job's queue first and raises when ``user`` may not.
         With ``idempotency_key``, a repeat of the same request answers the job the first
         one made (as it is now) instead of making another (:meth:`_once`)."""
-        checked = self._check(spec_text, SPEC_SOURCE, may_submit)
+        checked = self._job(self.check_spec(spec_text, SPEC_SOURCE, may_submit), SPEC_SOURCE)
 
         def store(session: Session) -> list[Job]:
             return [self._store(session, checked, user, self.clock())]
@@ -184,7 +187,10 @@ class JobService:
                 f"{len(spec_texts)} specs in one batch; at most {MAX_BATCH}",
                 fields={"max_batch": MAX_BATCH, "count": len(spec_texts)},
             )
-        checked = [self._check(text, f"specs.{i}", may_submit) for i, text in enumerate(spec_texts)]
+        checked = [
+            self._job(self.check_spec(text, f"specs.{i}", may_submit), f"specs.{i}")
+            for i, text in enumerate(spec_texts)
+        ]
 
         def store(session: Session) -> list[Job]:
             jobs = []
@@ -238,9 +244,12 @@ class JobService:
             fields={"key": key},
         )
 
-    def _check(
+    def check_spec(
         self, spec_text: str, source: str, may_submit: Callable[[Queue], None] | None = None
-    ) -> tuple[JobSpec, Queue, PriorityClass]:
+    ) -> Checked:
+        """Parse a job file and check it against the cluster in use, as the submitter
+        (``may_submit`` raises when it may not use the job's queue). Raises
+        :class:`ConfigError` naming key and line, or the refusal."""
         spec = load_job_text(spec_text, source=source)
         if may_submit is not None and spec.queue in self.cluster.queues:
             may_submit(self.cluster.queues[spec.queue])
@@ -255,6 +264,19 @@ class JobService:
         priority = self.cluster.priority_class_for(queue, spec.priority_class)
         assert priority is not None  # check_job reported otherwise
         return spec, queue, priority
+
+    @staticmethod
+    def _job(checked: Checked, source: str) -> Checked:
+        """``checked``, unless it is a service: services have their own route (their
+        replicas are jobs the service controller makes)."""
+        if checked[0].type is JobType.SERVICE:
+            issue = Issue(
+                path="type",
+                message="a service is applied with POST /api/v1/services (allot submit "
+                "does this for a type: service file), not submitted as a job",
+            )
+            raise ConfigError([issue], source=source)
+        return checked
 
     def _check_fits(self, spec: JobSpec, queue: Queue, source: str) -> None:
         """Refuse a job that could never run: its replicas do not all fit at once on the
@@ -273,9 +295,7 @@ class JobService:
         if problem is not None:
             raise ConfigError([Issue(path="replicas", message=problem)], source=source)
 
-    def _store(
-        self, session: Session, checked: tuple[JobSpec, Queue, PriorityClass], user: str, now: float
-    ) -> Job:
+    def _store(self, session: Session, checked: Checked, user: str, now: float) -> Job:
         spec, queue, priority = checked
         return job_store.create_job(
             session,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import yaml
 from rich.console import RenderableType
 
 from allotment.cli import live_render as render
@@ -127,14 +128,31 @@ def submit(
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Submit a job file; prints the job id."""
+    """Submit a job file; prints the job id. A ``type: service`` file creates the service
+    (or updates the one of its name) and prints its URL."""
     text = _read(file)
     with connect(url, token) as client:
+        if _is_service(text):
+            service = client.apply_service(text)
+            if output is Output.JSON:
+                print_json(service)
+            else:
+                typer.echo(f"service {service['tenant']}/{service['name']}: {service['url']}")
+            return
         job = client.submit(text)
     if output is Output.JSON:
         print_json(job)
     else:
         typer.echo(job["id"])
+
+
+def _is_service(text: str) -> bool:
+    """Whether a job file says ``type: service`` (the server checks the rest)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return False  # the server names the line
+    return isinstance(data, dict) and data.get("type") == "service"
 
 
 def run(

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from allotment.cli import alerts, audit, live, report, synth, tokens, up
+from allotment.cli import alerts, audit, live, report, services, synth, tokens, up
 from allotment.cli.common import Output, OutputOption, print_error, print_json
 from allotment.cli.common import console as make_console
 from allotment.domain.errors import AllotmentError, ConfigError, InvalidInput
@@ -331,6 +331,7 @@ def _jobs_out_path(path: str, policy: str, *, several: bool) -> Path:
 
 up.register(app)
 live.register(app)
+services.register(app)
 tokens.register(app)
 audit.register(app)
 report.register(app)

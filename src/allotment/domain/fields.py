@@ -26,6 +26,17 @@ ResourcesField = Annotated[
 Duration = Annotated[float, BeforeValidator(lambda v: parse_duration(v))]
 
 
+def _not_a_boolean(value: object) -> object:
+    """``count: true`` is not 1: a count is written as a number."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a whole number, not the boolean {str(value).lower()}")
+    return value
+
+
+Count = Annotated[int, BeforeValidator(_not_a_boolean)]
+"""A whole number, never a boolean."""
+
+
 def _scalar_text(value: object) -> object:
     """Numbers and booleans written where text is meant (``rack: 1``, ``cuda: 12.4``,
     ``NCCL_DEBUG: 1``) become their text; anything else is left to validation."""

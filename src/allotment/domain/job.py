@@ -5,12 +5,21 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from allotment.domain.cluster import RetryPolicy
 from allotment.domain.executor import ImageReference, parse_bytes
-from allotment.domain.fields import MAX_JOB_REPLICAS, Duration, Model, Name, ResourcesField, Text
+from allotment.domain.fields import (
+    MAX_JOB_REPLICAS,
+    Count,
+    Duration,
+    Model,
+    Name,
+    ResourcesField,
+    Text,
+)
 from allotment.domain.resources import CPU, GPU, MILLI, Resources
+from allotment.domain.service import ServiceSettings
 from allotment.domain.text import PlainText
 
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
@@ -24,17 +33,6 @@ class JobType(StrEnum):
     BATCH = "batch"
     EVAL = "eval"
     DATA = "data"
-
-
-def _not_a_boolean(value: object) -> object:
-    """``count: true`` is not 1: a count is written as a number."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a whole number, not the boolean {str(value).lower()}")
-    return value
-
-
-Count = Annotated[int, BeforeValidator(_not_a_boolean)]
-"""A whole number, never a boolean."""
 
 
 DEFAULT_CPU = 1 * MILLI
@@ -110,20 +108,6 @@ class Mount(Model):
         return self
 
 
-class ServiceSettings(Model):
-    """Inference services: elastic replicas behind a stable endpoint."""
-
-    min_replicas: Count = Field(default=1, ge=0)
-    max_replicas: Count = Field(default=1, ge=1)
-    port: Count | None = Field(default=None, ge=1, le=65535)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> ServiceSettings:
-        if self.min_replicas > self.max_replicas:
-            raise ValueError("min_replicas must not exceed max_replicas")
-        return self
-
-
 class NotebookSettings(Model):
     """Notebooks and experiment environments: a time to live and an idle limit."""
 
@@ -182,6 +166,11 @@ class JobSpec(Model):
             raise ValueError("expected_runtime must not exceed max_runtime")
         if self.service is not None and self.type is not JobType.SERVICE:
             raise ValueError("service settings need type: service")
+        if self.type is JobType.SERVICE and self.replica_count != 1:
+            raise ValueError(
+                "a service's job file describes one replica (replicas: [{count: 1, ...}]); "
+                "set how many run with service: {replicas: {min, max}}"
+            )
         if self.notebook is not None and self.type is not JobType.NOTEBOOK:
             raise ValueError("notebook settings need type: notebook")
         return self

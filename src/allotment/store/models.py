@@ -297,3 +297,33 @@ class IdempotencyKey(Base):
     digest: Mapped[str] = mapped_column(String(64))
     job_ids: Mapped[list[str]] = mapped_column(JSON)
     created_at: Mapped[float] = mapped_column(Float, index=True)
+
+
+class Service(Base):
+    """An inference service: its spec (a ``type: service`` job file, the one replica it
+    describes), and what the service controller keeps of it. Each replica runs as an
+    ordinary job; ``replicas`` lists the controller's replica jobs with the port each
+    listens on and whether it passed its health check (the proxy sends traffic only to
+    those). ``generation`` rises with each changed spec (a rolling update)."""
+
+    __tablename__ = "services"
+    __table_args__ = (UniqueConstraint("tenant", "name"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME))
+    tenant: Mapped[str] = mapped_column(String(NAME))
+    queue: Mapped[str] = mapped_column(String(NAME))
+    user: Mapped[str] = mapped_column(String(NAME))
+    priority_class: Mapped[str] = mapped_column(String(NAME))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    generation: Mapped[int] = mapped_column(Integer, default=1)
+    desired: Mapped[int] = mapped_column(Integer)
+    replicas: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    """Replica failures in a row since a replica was last ready."""
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    next_start_at: Mapped[float | None] = mapped_column(Float)
+    reason_code: Mapped[str | None] = mapped_column(String(64))
+    reason_message: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)

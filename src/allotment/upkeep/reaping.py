@@ -21,6 +21,9 @@ attempt's ``job_usage`` rows:
   next one needs a new warning. Jobs without GPUs, exempt types, and jobs whose newest
   row is stale (the sampler stalled) are never reaped for idleness.
 
+A service's first ``min`` replicas are never reaped (its replicas above the minimum
+may be, like any job; the service controller then wants one replica fewer).
+
 :func:`apply` writes the decisions: a warning is an ``idle_warning`` event and alert;
 a reaping moves the job to ``reclaimed`` (the transition event carries the reason
 and the evidence) and appends an audit record ``job.reap`` by ``allotment``. The
@@ -45,6 +48,7 @@ from allotment.store import audit
 from allotment.store.alerts import NewAlert, fire_alert
 from allotment.store.jobs import get_job, sync_attempt, transition_job
 from allotment.store.models import Alert, Event
+from allotment.store.services import protected_replicas
 from allotment.store.usage import job_usage_rows
 from allotment.store.views import open_attempts
 
@@ -240,8 +244,9 @@ def gather(db: DbSession, cluster: Cluster, now: float) -> list[Decision]:
     running: list[RunningAttempt] = []
     policies: dict[str, ReapingPolicy] = {}
     horizon = 0.0
+    protected = protected_replicas(db)
     for job, attempt in open_attempts(db):
-        if job.state != JobState.RUNNING.value:
+        if job.state != JobState.RUNNING.value or job.id in protected:
             continue
         policy = _policy(cluster, job.queue, job.type, job.spec)
         if policy is None:

@@ -1,0 +1,220 @@
+"""What the API does with services, without HTTP: apply (create or update), read, list,
+delete, and find the ready replicas the proxy sends a request to.
+
+A service's spec is checked exactly as a job file is (queue, submit rights, pools,
+image, mounts, that one replica fits a node), then stored; the service controller
+(:mod:`allotment.control.services`) starts its replicas as jobs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from allotment.api.policy import Owned
+from allotment.api.schemas import Output, ReasonOut
+from allotment.api.service import SPEC_SOURCE, JobService
+from allotment.domain.cluster import Queue
+from allotment.domain.errors import ConfigError, Issue
+from allotment.domain.job import JobType
+from allotment.domain.service import ServiceSettings
+from allotment.domain.tenancy import DEFAULT_TENANT
+from allotment.store import services as service_store
+from allotment.store.jobs import jobs_by_id
+from allotment.store.models import Service
+
+PROXY_PREFIX = "/svc"
+"""Where the API server proxies services: ``/svc/<tenant>/<service>/...``."""
+
+
+class ReplicaOut(Output):
+    job: str
+    generation: int
+    state: str
+    ready: bool
+
+
+class ServiceOut(Output):
+    id: str
+    name: str
+    tenant: str
+    queue: str
+    user: str
+    priority_class: str
+    generation: int
+    min_replicas: int
+    max_replicas: int
+    desired: int
+    ready: int
+    restarts: int
+    reason: ReasonOut | None
+    path: str
+    """The service's address on the API server: ``/svc/<tenant>/<name>/``."""
+    url: str | None = None
+    """``path`` on the server that answered."""
+    replicas: list[ReplicaOut]
+    spec: dict[str, Any]
+    created_at: float
+    updated_at: float
+
+
+class ServiceList(Output):
+    services: list[ServiceOut]
+
+
+def proxy_path(tenant: str, name: str) -> str:
+    return f"{PROXY_PREFIX}/{tenant}/{name}/"
+
+
+def service_out(session: Session, service: Service) -> ServiceOut:
+    spec = service_store.settings_of(service)
+    assert spec.service is not None
+    live = [r for r in service.replicas if not r.get("retired")]
+    states = {j.id: j.state for j in jobs_by_id(session, [r["job"] for r in live])}
+    reason = None
+    if service.reason_code is not None:
+        reason = ReasonOut(code=service.reason_code, message=service.reason_message or "")
+    return ServiceOut(
+        id=service.id,
+        name=service.name,
+        tenant=service.tenant,
+        queue=service.queue,
+        user=service.user,
+        priority_class=service.priority_class,
+        generation=service.generation,
+        min_replicas=spec.service.replicas.min,
+        max_replicas=spec.service.replicas.max,
+        desired=service.desired,
+        ready=sum(1 for r in live if r.get("ready")),
+        restarts=service.restarts,
+        reason=reason,
+        path=proxy_path(service.tenant, service.name),
+        replicas=[
+            ReplicaOut(
+                job=r["job"],
+                generation=r["generation"],
+                state=states.get(r["job"], "unknown"),
+                ready=bool(r.get("ready")),
+            )
+            for r in live
+        ],
+        spec=dict(service.spec),
+        created_at=service.created_at,
+        updated_at=service.updated_at,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where the proxy may send a request for one service now."""
+
+    service_id: str
+    ports: tuple[int, ...]
+    """The ready replicas' ports."""
+    code: str
+    """The service's reason code (``crash_loop``: do not wait for a replica)."""
+    reason: str
+    """Why none is ready, when none is."""
+
+
+class Services:
+    """The API's operations on services, on the job service's cluster and store."""
+
+    def __init__(self, jobs: JobService, *, route_ttl_s: float = 0.25) -> None:
+        self.jobs = jobs
+        self.sessions: sessionmaker[Session] = jobs.sessions
+        self._route_ttl_s = route_ttl_s
+        self._routes: dict[tuple[str, str], tuple[float, Route | None]] = {}
+        self._lock = threading.Lock()
+
+    def apply(
+        self,
+        *,
+        spec_text: str,
+        user: str,
+        may_submit: Callable[[Queue], None] | None = None,
+    ) -> tuple[ServiceOut, bool]:
+        """Create the service a ``type: service`` file describes, or update the one of
+        its name in its tenant (its replicas roll over to the new spec). Return it and
+        whether it was created."""
+        spec, queue, priority = self.jobs.check_spec(spec_text, SPEC_SOURCE, may_submit)
+        if spec.type is not JobType.SERVICE:
+            issue = Issue(path="type", message="a service's file needs type: service")
+            raise ConfigError([issue], source=SPEC_SOURCE)
+        if spec.service is None:
+            spec = spec.model_copy(update={"service": ServiceSettings()})
+        with self.sessions.begin() as session:
+            found = service_store.find_service(session, queue.tenant or DEFAULT_TENANT, spec.name)
+            service, _ = service_store.apply_service(
+                session,
+                spec,
+                tenant=queue.tenant or DEFAULT_TENANT,
+                user=user,
+                priority_class=priority.name,
+                at=self.jobs.clock(),
+            )
+            return service_out(session, service), found is None
+
+    def owned(self, *, tenant: str, name: str) -> Owned:
+        """What authorisation looks at in a service; raises ``NotFound``."""
+        with self.sessions() as session:
+            found = service_store.get_service(session, tenant, name)
+            return Owned(kind="service", name=name, tenant=found.tenant, user=found.user)
+
+    def get(self, *, tenant: str, name: str) -> ServiceOut:
+        with self.sessions() as session:
+            return service_out(session, service_store.get_service(session, tenant, name))
+
+    def list(self, *, tenant: str | None) -> ServiceList:
+        with self.sessions() as session:
+            rows = service_store.list_services(session, tenant=tenant)
+            return ServiceList(services=[service_out(session, s) for s in rows])
+
+    def delete(self, *, tenant: str, name: str, user: str) -> ServiceOut:
+        """Stop every replica and forget the service; return it as it was."""
+        with self.sessions.begin() as session:
+            service = service_store.get_service(session, tenant, name, for_update=True)
+            out = service_out(session, service)
+            service_store.delete_service(session, service, at=self.jobs.clock(), by=user)
+        return out
+
+    def route(self, tenant: str, name: str) -> Route | None:
+        """Where a request for the service may go now (read at most every
+        ``route_ttl_s``); ``None`` for an unknown service."""
+        now = time.monotonic()
+        key = (tenant, name)
+        with self._lock:
+            cached = self._routes.get(key)
+        if cached is not None and now - cached[0] < self._route_ttl_s:
+            return cached[1]
+        route = self.route_of(self.sessions, tenant, name)
+        with self._lock:
+            self._routes[key] = (now, route)
+        return route
+
+    @staticmethod
+    def route_of(sessions: sessionmaker[Session], tenant: str, name: str) -> Route | None:
+        """Where a request for the service may go, read from the store now."""
+        with sessions() as session:
+            found = service_store.find_service(session, tenant, name)
+            if found is None:
+                return None
+            ports = tuple(
+                int(r["port"]) for r in found.replicas if r.get("ready") and not r.get("retired")
+            )
+            return Route(
+                found.id,
+                ports,
+                found.reason_code or "starting",
+                found.reason_message or "no replica is ready yet",
+            )
+
+    def forget_route(self, tenant: str, name: str) -> None:
+        """Read the service's ready replicas again at the next request."""
+        with self._lock:
+            self._routes.pop((tenant, name), None)
