@@ -70,6 +70,8 @@ class AllotmentClient:
         self, base_url: str, token: str | None = None, *, timeout: float = DEFAULT_TIMEOUT
     ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.server_url = base_url.rstrip("/")
+        """The server's address (the API is under :data:`API_PREFIX`)."""
         self._http = httpx.Client(
             base_url=base_url.rstrip("/") + API_PREFIX, headers=headers, timeout=timeout
         )

@@ -4,11 +4,10 @@ The store (SQLite file in the data directory by default, or ``--db``), migrated 
 newest schema; the cluster configuration (``-f`` applied first; else the one stored;
 else a one-node cluster describing this machine); the local executor; the control loop
 on a thread of its own (:class:`~allotment.control.runner.LoopRunner`), woken by every
-write through the API, with the ``max_wait`` check as a step of each turn and the service controller beside
-it; the webhook
-deliveries of alerts on a thread of their own (on every server: they claim rows with a
-lease); and the HTTP API with the dashboard, ``/metrics`` and the service proxy, served by
-uvicorn.
+write through the API, with the ``max_wait`` check as a step of each turn and the
+service controller beside it; the webhook deliveries of alerts on a thread of their own
+(on every server: they claim rows with a lease); and the HTTP API with the dashboard,
+``/metrics`` and the proxy to services and notebooks, served by uvicorn.
 
 It writes the local user's client configuration (server URL and an admin token) so that
 the CLI works at once; only the token's digest is kept on the server side. That token

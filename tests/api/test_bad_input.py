@@ -165,3 +165,57 @@ def test_fault_a_job_that_could_never_fit_the_fleet_is_a_422_naming_the_largest_
     err = refused(client, replicas(group))
     assert err.status == 422 and said in err.message, err.message
     assert "the largest node, localhost, has 8 cpu, 2 gpu, 16Gi memory" in err.message
+
+
+def test_fault_a_service_file_submitted_as_a_job_is_a_422_naming_the_services_route(
+    client: AllotmentClient,
+) -> None:
+    err = refused(client, replicas("{name: w, resources: {gpu: 1}}") + "type: service\n")
+    assert err.status == 422 and "POST /api/v1/services" in err.message
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (replicas("{name: w, resources: {gpu: 1}}"), "needs type: service"),
+        (
+            replicas("{name: w, count: 2, resources: {gpu: 1}}") + "type: service\n",
+            "describes one replica",
+        ),
+        (
+            replicas("{name: w, resources: {gpu: 1}}")
+            + "type: service\nservice: {replicas: {min: 3, max: 1}}\n",
+            "replicas.min (3) must not exceed replicas.max (1)",
+        ),
+        (replicas("{name: w, resources: {gpu: 1}}").replace("default", "nope"), "nope"),
+    ],
+)
+def test_fault_a_bad_service_file_is_a_4xx_and_stores_nothing(
+    client: AllotmentClient, text: str, said: str
+) -> None:
+    with pytest.raises(ClientError) as caught:
+        client.apply_service(text)
+    assert 400 <= caught.value.status < 500 and said in caught.value.message
+    assert client.services() == [] and client.list_jobs()["jobs"] == []
+
+
+def test_fault_a_notebook_without_jupyterlab_beside_the_server_is_a_422(
+    client: AllotmentClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *args: None if name == "jupyterlab" else real(name, *args),
+    )
+    notebook = "name: nb\nqueue: default\ntype: notebook\nreplicas: [{resources: {gpu: 1}}]\n"
+    err = refused(client, notebook)
+    assert (
+        err.status == 422 and "JupyterLab" in err.message and "allotment[notebook]" in err.message
+    )
+    # With a command of its own (or an image) it is accepted.
+    accepted = client.submit(notebook + "command: [python, -m, http.server]\n")
+    assert accepted["endpoint"] == f"/nb/{accepted['id']}/"
+    assert accepted["spec"]["env"]["PORT"].isdigit() and accepted["spec"]["env"]["JUPYTER_TOKEN"]

@@ -84,6 +84,12 @@ MATRIX: dict[str, dict[str, Cell]] = {
         )
         for method in ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
     },
+    **{
+        f"{method} /nb/{{job_id}}/{{path:path}}": row(
+            (503, 503), (503, 404), (503, 404), (403, 404), (401, 401)
+        )
+        for method in ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+    },
     "GET /api/v1/healthz": OPEN,
     "GET /": READ,
     "GET /openapi.json": OPEN,
@@ -117,6 +123,14 @@ class World:
         member = "bob" if tenant == "vision" else "nick"
         applied = self.people[member].apply_service(self.fresh(tenant))
         return f"{tenant}/{applied['name']}"
+
+    def notebook(self, tenant: str) -> str:
+        """A fresh notebook job of ``tenant`` (its own command), started by the caller's
+        counterpart: bob for vision (so the member caller, bob, owns it), nick for nlp."""
+        member = "bob" if tenant == "vision" else "nick"
+        spec = json.loads(job(QUEUE[tenant])) | {"type": "notebook"}
+        job_id: str = self.people[member].submit(json.dumps(spec))["id"]
+        return job_id
 
     def token(self, tenant: str) -> str:
         """A fresh token id of a member of ``tenant``."""
@@ -180,6 +194,12 @@ BUILD: dict[str, Callable[[World, str], Request]] = {
         f"/api/v1/tokens/{w.token(t)}",
         None,
     ),
+    **{
+        f"{method} /nb/{{job_id}}/{{path:path}}": (
+            lambda m: lambda w, t: (m, f"/nb/{w.notebook(t)}/api/status", None)
+        )(method)
+        for method in ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+    },
     "POST /api/v1/services": lambda w, t: ("POST", "/api/v1/services", {"spec": w.fresh(t)}),
     "GET /api/v1/services/{tenant}/{name}": lambda w, t: (
         "GET",

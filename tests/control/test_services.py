@@ -290,3 +290,31 @@ def _service_id(world: World) -> str:
     with world.sessions() as db:
         found: Service = service_store.get_service(db, "t", "web")
         return found.id
+
+
+def test_a_service_at_zero_starts_a_replica_for_its_first_request(world: World) -> None:
+    world.apply(replicas={"min": 0, "max": 2}, autoscaling={"scale_down_delay": "10s"})
+    service = world.step()
+    assert service["desired"] == 0 and service["replicas"] == []
+    world.traffic.begin(_service_id(world))  # a request waits at the proxy
+    service = world.step(1.0)
+    assert service["desired"] == 1 and len(world.live()) == 1
+    world.traffic.end(_service_id(world))
+    assert world.step(5.0)["desired"] == 1
+    assert world.step(20.0)["desired"] == 0 and world.live() == []
+
+
+def test_a_preempted_replica_takes_no_traffic_until_it_runs_again(world: World) -> None:
+    world.apply(replicas={"min": 1, "max": 1})
+    world.step()
+    world.run_all()
+    [record] = world.step()["replicas"]
+    assert record["ready"]
+    world.move(record["job"], JobState.PENDING)  # preempted, requeued by the loop
+    [record] = world.step()["replicas"]
+    assert not record["ready"] and record["state"] == "pending"
+    assert Services.route_of(world.sessions, "t", "web").ports == ()  # type: ignore[union-attr]
+    world.move(record["job"], JobState.RUNNING)
+    [record] = world.step()["replicas"]
+    assert record["ready"]
+    assert world.service()["restarts"] == 0

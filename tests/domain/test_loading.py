@@ -25,6 +25,7 @@ from allotment.domain.loading import (
     load_job_text,
     parse_yaml,
 )
+from allotment.domain.notebook import serving_notebook
 from allotment.domain.resources import GPU, Resources
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -122,6 +123,8 @@ def test_there_is_one_job_file_per_type() -> None:
 def test_example_job_is_valid_on_the_example_cluster(path: Path, example: Cluster) -> None:
     job = load_job(path)
     assert check_job(job, example) == []
+    if job.type is JobType.NOTEBOOK and not job.command:  # the server runs JupyterLab
+        job = serving_notebook(job, job_id="j-1", port=8888, token="t", python="python3")
     assert job.command, "the local executor needs a command"
     assert job.command[0] in {"python3", "sh", "sleep"}
     assert job.total_resources()[GPU] <= 2000, "small enough for a workstation"

@@ -69,6 +69,36 @@ def test_an_idle_notebook_is_warned_then_reclaimed_after_the_notice() -> None:
     assert reaped.evidence["warned_at"] == 40.0
 
 
+def test_a_warning_given_at_the_very_start_of_an_idle_run_counts() -> None:
+    # A notebook's own idle_timeout alone warns as soon as it is idle (warn_before is
+    # the whole window): that warning, given while the first idle interval was still
+    # open, must count, or the notebook is warned again every turn and never reclaimed.
+    alone = ReapingPolicy().with_own("notebook", ttl=None, idle_timeout=8)
+    usage = rows([0.0], start=100.0, length=0.5)
+    [warn] = run(100.2, usage, policy=alone)
+    assert warn.action == "warn"
+    usage = rows([0.0] * 20, start=100.0, length=0.5)
+    [reap] = run(109.0, usage, policy=alone, warned=[100.2])
+    assert reap.action == "reap"
+
+
+def test_a_notebook_is_idle_only_since_its_last_kernel_activity() -> None:
+    active = RunningAttempt(
+        job_id="j-1", attempt=1, queue="q", type="notebook", started=0.0, gpus=1, active_at=25.0
+    )
+    # Notebooks: window 30 s, warned 20 s before. Without the activity this one would
+    # be warned at 10 s and reclaimed at 30 s; it ran a cell at 25 s.
+    assert run(32.0, rows([1.0] * 32), attempt=active) == []  # idle 7 s since then
+    [warn] = run(36.0, rows([1.0] * 36), attempt=active)
+    assert warn.action == "warn" and "no notebook activity" in warn.message
+    assert warn.evidence["idle_since"] == 25.0 and warn.evidence["notebook_active_at"] == 25.0
+    assert run(55.0, rows([1.0] * 55), attempt=active, warned=[36.0]) == []  # the notice
+    [reap] = run(56.0, rows([1.0] * 56), attempt=active, warned=[36.0])
+    assert reap.action == "reap"
+    # A warning given before the notebook was used again does not count.
+    assert run(60.0, rows([1.0] * 60), attempt=active, warned=[20.0])[0].action == "warn"
+
+
 def test_a_busy_sample_ends_the_idle_run_and_its_warning() -> None:
     usage = rows([1.0] * 30 + [50.0] + [1.0] * 5)
     assert run(36.0, usage, warned=[20.0]) == []  # idle 5 s since the busy one

@@ -17,6 +17,8 @@ from urllib.parse import parse_qs
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from allotment.domain.notebook import NOTEBOOK_PREFIX
+
 API_PREFIX = "/api/v1"
 TOKEN_COOKIE = "allot_token"
 DASHBOARD_PATH = "/"
@@ -30,15 +32,21 @@ def _headers(scope: Scope) -> dict[bytes, bytes]:
 def presented_token(scope: Scope) -> str | None:
     """The bearer token of a request, else (the dashboard, reading) its ``?token=`` or
     its cookie, else ``None``. A write counts the bearer token only: a browser sends
-    the cookie by itself, so a write made with it could be forged by another page."""
+    the cookie by itself, so a write made with it could be forged by another page —
+    except to a notebook (``/nb/...``), whose JupyterLab checks its own token or XSRF
+    cookie on every write, so that JupyterLab works in a browser signed in with the
+    cookie."""
     headers = _headers(scope)
     auth = headers.get(b"authorization", b"").decode("latin-1")
     scheme, _, value = auth.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
         return value.strip()
-    if str(scope.get("method", "GET")).upper() in WRITE_METHODS:
+    path = str(scope.get("path", ""))
+    if str(scope.get("method", "GET")).upper() in WRITE_METHODS and not path.startswith(
+        NOTEBOOK_PREFIX + "/"
+    ):
         return None
-    if scope.get("path") == DASHBOARD_PATH:
+    if path == DASHBOARD_PATH:
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         tokens = query.get("token")
         if tokens:

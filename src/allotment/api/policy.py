@@ -42,6 +42,7 @@ class Action(StrEnum):
     ALERT_READ = "reading alerts"
     METRICS_READ = "reading the metrics of every tenant"
     SERVICE_CALL = "calling a service through its endpoint"
+    NOTEBOOK_OPEN = "opening a notebook"
 
 
 PLATFORM = None
@@ -63,10 +64,15 @@ RULES: dict[Action, Role | None] = {
     Action.ALERT_READ: Role.VIEWER,  # its tenant's alerts
     Action.METRICS_READ: PLATFORM,  # the metrics span every tenant
     Action.SERVICE_CALL: Role.VIEWER,  # its tenant's services
+    Action.NOTEBOOK_OPEN: Role.MEMBER,  # its own notebooks; a tenant admin any of the tenant's
 }
 """The least tenant role each action needs, within the principal's own tenant."""
 
 RANK = {Role.VIEWER: 0, Role.MEMBER: 1, Role.ADMIN: 2}
+
+OWN_ONLY = frozenset({Action.JOB_CANCEL, Action.NOTEBOOK_OPEN})
+"""Actions a member may do on its own objects only (a tenant admin on any of the
+tenant's)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,8 +106,9 @@ def decide(principal: Principal, action: Action, obj: Owned | None = None) -> tu
     if principal.tenant is None or RANK[principal.role] < RANK[needs]:
         return Verdict.FORBIDDEN, f"role {needs.value} in tenant {principal.tenant}"
     mine = obj is None or obj.user == principal.user
-    if action is Action.JOB_CANCEL and not mine and principal.role is not Role.ADMIN:
-        return Verdict.FORBIDDEN, f"role admin in tenant {principal.tenant} (another user's job)"
+    if action in OWN_ONLY and not mine and principal.role is not Role.ADMIN:
+        kind = obj.kind if obj is not None else "job"
+        return Verdict.FORBIDDEN, f"role admin in tenant {principal.tenant} (another user's {kind})"
     submitters = obj.submitters if obj is not None else None
     if action is Action.JOB_SUBMIT and submitters is not None and principal.user not in submitters:
         assert obj is not None

@@ -59,6 +59,8 @@ class JobOut(Output):
     spec: dict[str, Any]
     created_at: float
     updated_at: float
+    endpoint: str | None = None
+    """A notebook's address on the API server (``/nb/<job>/``); ``None`` for others."""
 
 
 class JobList(Output):

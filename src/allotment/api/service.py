@@ -8,8 +8,11 @@ the app's one handler turns them into HTTP.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import math
+import secrets
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,12 +25,14 @@ from allotment.api.errors import BatchTooLarge, IdempotencyKeyReused
 from allotment.api.logs import read_log
 from allotment.api.policy import Owned
 from allotment.control.cluster_state import ClusterState
+from allotment.control.services import free_port
 from allotment.domain.cluster import Cluster, PriorityClass, Queue
 from allotment.domain.errors import AllotmentError, ConfigError, Conflict, Issue, MountNotAllowed
 from allotment.domain.isolation import check_execution
 from allotment.domain.job import JobSpec, JobType
 from allotment.domain.lifecycle import JobState
 from allotment.domain.loading import check_job, load_cluster_text, load_job_text
+from allotment.domain.notebook import notebook_path, serving_notebook
 from allotment.domain.scopes import check_mounts
 from allotment.domain.tenancy import DEFAULT_TENANT
 from allotment.scheduler.fleet import FleetFit
@@ -75,6 +80,7 @@ def job_out(job: Job) -> schemas.JobOut:
         spec=dict(job.spec),
         created_at=job.created_at,
         updated_at=job.updated_at,
+        endpoint=notebook_path(job.id) if job.type == JobType.NOTEBOOK.value else None,
     )
 
 
@@ -267,15 +273,30 @@ class JobService:
 
     @staticmethod
     def _job(checked: Checked, source: str) -> Checked:
-        """``checked``, unless it is a service: services have their own route (their
-        replicas are jobs the service controller makes)."""
-        if checked[0].type is JobType.SERVICE:
-            issue = Issue(
-                path="type",
-                message="a service is applied with POST /api/v1/services (allot submit "
-                "does this for a type: service file), not submitted as a job",
+        """``checked``, unless it is a service (services have their own route: their
+        replicas are jobs the service controller makes) or a notebook that would run
+        JupyterLab where it is not installed."""
+        spec = checked[0]
+        message = None
+        if spec.type is JobType.SERVICE:
+            message = (
+                "a service is applied with POST /api/v1/services (allot submit does this "
+                "for a type: service file), not submitted as a job"
             )
-            raise ConfigError([issue], source=source)
+        elif (
+            spec.type is JobType.NOTEBOOK
+            and not spec.command
+            and spec.image is None
+            and importlib.util.find_spec("jupyterlab") is None
+        ):
+            message = (
+                "a notebook without a command runs JupyterLab, which is not installed "
+                "beside the server (pip install 'allotment[notebook]'); give it an image "
+                "that has it, or a command"
+            )
+        if message is not None:
+            path = "type" if spec.type is JobType.SERVICE else "command"
+            raise ConfigError([Issue(path=path, message=message)], source=source)
         return checked
 
     def _check_fits(self, spec: JobSpec, queue: Queue, source: str) -> None:
@@ -297,6 +318,15 @@ class JobService:
 
     def _store(self, session: Session, checked: Checked, user: str, now: float) -> Job:
         spec, queue, priority = checked
+        job_id = job_store.new_job_id()
+        if spec.type is JobType.NOTEBOOK:
+            spec = serving_notebook(
+                spec,
+                job_id=job_id,
+                port=free_port(),
+                token=secrets.token_urlsafe(24),
+                python=sys.executable if spec.image is None else None,
+            )
         return job_store.create_job(
             session,
             spec,
@@ -304,6 +334,7 @@ class JobService:
             user=user,
             at=now,
             priority_class=priority.name,
+            job_id=job_id,
             accepted="accepted",
         )
 

@@ -20,13 +20,15 @@ from allotment.api.policy import Owned
 from allotment.api.schemas import Output, ReasonOut
 from allotment.api.service import SPEC_SOURCE, JobService
 from allotment.domain.cluster import Queue
-from allotment.domain.errors import ConfigError, Issue
+from allotment.domain.errors import ConfigError, Issue, NotFound
 from allotment.domain.job import JobType
-from allotment.domain.service import ServiceSettings
+from allotment.domain.lifecycle import JobState
+from allotment.domain.service import PORT_ENV, ServiceSettings
 from allotment.domain.tenancy import DEFAULT_TENANT
+from allotment.store import jobs as job_store
 from allotment.store import services as service_store
 from allotment.store.jobs import jobs_by_id
-from allotment.store.models import Service
+from allotment.store.models import Job, Service
 
 PROXY_PREFIX = "/svc"
 """Where the API server proxies services: ``/svc/<tenant>/<service>/...``."""
@@ -117,9 +119,12 @@ class Route:
     ports: tuple[int, ...]
     """The ready replicas' ports."""
     code: str
-    """The service's reason code (``crash_loop``: do not wait for a replica)."""
+    """The service's reason code, or the notebook job's state."""
     reason: str
     """Why none is ready, when none is."""
+    wait: bool = True
+    """Whether a request should wait for one to answer (not in a crash loop, not for a
+    notebook that is not running)."""
 
 
 class Services:
@@ -186,13 +191,15 @@ class Services:
     def route(self, tenant: str, name: str) -> Route | None:
         """Where a request for the service may go now (read at most every
         ``route_ttl_s``); ``None`` for an unknown service."""
+        return self._cached((tenant, name), lambda: self.route_of(self.sessions, tenant, name))
+
+    def _cached(self, key: tuple[str, str], read: Callable[[], Route | None]) -> Route | None:
         now = time.monotonic()
-        key = (tenant, name)
         with self._lock:
             cached = self._routes.get(key)
         if cached is not None and now - cached[0] < self._route_ttl_s:
             return cached[1]
-        route = self.route_of(self.sessions, tenant, name)
+        route = read()
         with self._lock:
             self._routes[key] = (now, route)
         return route
@@ -207,11 +214,45 @@ class Services:
             ports = tuple(
                 int(r["port"]) for r in found.replicas if r.get("ready") and not r.get("retired")
             )
+            code = found.reason_code or "starting"
             return Route(
                 found.id,
                 ports,
-                found.reason_code or "starting",
+                code,
                 found.reason_message or "no replica is ready yet",
+                wait=code != "crash_loop",
+            )
+
+    def notebook_owned(self, job_id: str) -> Owned:
+        """What authorisation looks at in a notebook job; raises ``NotFound`` for a job
+        that is not a notebook."""
+        with self.sessions() as session:
+            job = job_store.get_job(session, job_id)
+            if job.type != JobType.NOTEBOOK.value:
+                raise NotFound("notebook", job_id)
+            return Owned(kind="notebook", name=job_id, tenant=job.tenant, user=job.user)
+
+    def notebook_route(self, job_id: str) -> Route | None:
+        """Where a request for notebook ``job_id`` may go: its port while it runs (read
+        at most every ``route_ttl_s``); ``None`` for a job that is not a notebook."""
+        return self._cached(("", job_id), lambda: self._notebook_route(job_id))
+
+    def _notebook_route(self, job_id: str) -> Route | None:
+        with self.sessions() as session:
+            found = session.get(Job, job_id)
+            if found is None or found.type != JobType.NOTEBOOK.value:
+                return None
+            port = dict(found.spec.get("env") or {}).get(PORT_ENV)
+            running = found.state == JobState.RUNNING.value and port is not None
+            said = found.state
+            if found.state == JobState.PENDING.value and found.reason_message:
+                said += f" ({found.reason_message})"
+            return Route(
+                found.id,
+                (int(port),) if running and port is not None else (),
+                found.state,
+                f"it is {said}",
+                wait=running,
             )
 
     def forget_route(self, tenant: str, name: str) -> None:

@@ -258,8 +258,14 @@ def get(
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
-    """Show one job."""
-    _show(url, token, output, lambda c: c.get_job(job), render.job_view)
+    """Show one job (a notebook with the URL it opens at)."""
+
+    def fetch(client: AllotmentClient) -> dict[str, Any]:
+        found = client.get_job(job)
+        address = render.notebook_url(client.server_url, found)
+        return {**found, "url": address} if address else found
+
+    _show(url, token, output, fetch, render.job_view)
 
 
 def events(

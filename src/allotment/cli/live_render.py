@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from allotment.domain.notebook import TOKEN_ENV
 from allotment.domain.text import escape_controls
 
 STATE_STYLE = {
@@ -113,6 +114,15 @@ def jobs_table(jobs: Iterable[Mapping[str, Any]], *, title: str | None = None) -
     return fitted_table(headers, rows, title=title, right=("gpus", "age"))
 
 
+def notebook_url(server_url: str, job: Mapping[str, Any]) -> str | None:
+    """Where a notebook job opens in a browser: JupyterLab through the proxy, with its
+    own token (the browser also needs the API token: sign in to the dashboard first)."""
+    if not job.get("endpoint"):
+        return None
+    token = dict(job.get("spec", {}).get("env") or {}).get(TOKEN_ENV)
+    return f"{server_url}{job['endpoint']}lab" + (f"?token={token}" if token else "")
+
+
 def job_view(job: Mapping[str, Any]) -> Table:
     table = Table(show_header=False, box=None, title=f"job {job['id']}")
     table.add_column(style="bold")
@@ -131,6 +141,8 @@ def job_view(job: Mapping[str, Any]) -> Table:
         ("gpus", _gpus(spec.get("replicas", []))),
         ("command", " ".join(str(c) for c in spec.get("command", [])) or "-"),
     ]
+    if job.get("url"):
+        rows.append(("url", job["url"]))
     if job.get("failure_class"):
         rows.append(("failure", job["failure_class"]))
     reason = job.get("reason")

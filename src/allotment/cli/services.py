@@ -1,8 +1,10 @@
-"""``allot services`` and ``allot delete-service``: inference services on a running
-server (``allot submit`` applies a ``type: service`` file)."""
+"""``allot services``, ``allot delete-service`` and ``allot notebook``: inference
+services and notebooks on a running server (``allot submit`` applies a ``type: service``
+file)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Annotated, Any
 
@@ -11,7 +13,7 @@ from rich.table import Table
 
 from allotment.cli.common import Output, OutputOption, console, print_json
 from allotment.cli.live import TokenOption, UrlOption, connect
-from allotment.cli.live_render import ago, fitted_table, plain
+from allotment.cli.live_render import ago, fitted_table, notebook_url, plain
 from allotment.client import AllotmentClient
 from allotment.domain.errors import InvalidInput
 
@@ -120,6 +122,55 @@ def delete_service(
         typer.echo(f"service {data['tenant']}/{data['name']} deleted")
 
 
+def notebook(
+    queue: Annotated[str, typer.Option("--queue", "-q", help="The leaf queue.")] = "default",
+    gpus: Annotated[float, typer.Option("--gpus", "-g", min=0, help="GPUs.")] = 1,
+    image: Annotated[
+        str | None, typer.Option("--image", help="Container image with JupyterLab.")
+    ] = None,
+    name: Annotated[str, typer.Option("--name", help="Job name.")] = "notebook",
+    ttl: Annotated[str | None, typer.Option("--ttl", help="Time to live, e.g. 8h.")] = None,
+    idle_timeout: Annotated[
+        str | None, typer.Option("--idle-timeout", help="Reclaimed when idle this long.")
+    ] = None,
+    cpu: Annotated[str | None, typer.Option("--cpu", help="CPU.")] = None,
+    memory: Annotated[str | None, typer.Option("--memory", help="Memory.")] = None,
+    pool: Annotated[
+        list[str] | None, typer.Option("--pool", "-p", help="Acceptable pool (repeatable).")
+    ] = None,
+    output: OutputOption = Output.TABLE,
+    url: UrlOption = None,
+    token: TokenOption = None,
+) -> None:
+    """Start a JupyterLab notebook as a job; prints its id and its URL."""
+    resources: dict[str, Any] = {"gpu": int(gpus) if gpus == int(gpus) else gpus}
+    if cpu is not None:
+        resources["cpu"] = cpu
+    if memory is not None:
+        resources["memory"] = memory
+    settings = {k: v for k, v in (("ttl", ttl), ("idle_timeout", idle_timeout)) if v}
+    spec: dict[str, Any] = {
+        "name": name,
+        "queue": queue,
+        "type": "notebook",
+        "replicas": [{"name": "lab", "count": 1, "resources": resources}],
+        "notebook": settings,
+    }
+    if image is not None:
+        spec["image"] = image
+    if pool:
+        spec["pools"] = pool
+    with connect(url, token) as client:
+        job = client.submit(json.dumps(spec))
+        address = notebook_url(client.server_url, job)
+    if output is Output.JSON:
+        print_json({**job, "url": address})
+    else:
+        typer.echo(job["id"])
+        typer.echo(f"open: {address}  (once it runs: allot get {job['id']})")
+
+
 def register(app: typer.Typer) -> None:
     app.command(name="services")(services)
     app.command(name="delete-service")(delete_service)
+    app.command(name="notebook")(notebook)

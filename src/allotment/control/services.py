@@ -311,6 +311,10 @@ class ServiceController:
             if state is JobState.RUNNING:
                 record["started"] = record.get("started") or now
                 acted = self._check_health(db, service, settings, record, now) or acted
+            elif record.get("ready"):  # preempted and requeued: no traffic until it is back
+                record["ready"] = False
+                record["started"] = None
+                self._health.pop(record["job"], None)
             records.append(record)
         service.desired = self._wanted(service, settings, now)
         acted = self._scale(db, service, records, jobs, now) or acted

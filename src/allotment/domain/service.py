@@ -19,6 +19,9 @@ from pydantic import Field, model_validator
 
 from allotment.domain.fields import Count, Duration, Model
 
+PORT_ENV = "PORT"
+"""The variable that tells a replica (or a notebook) the port to listen on."""
+
 MAX_SERVICE_REPLICAS = 100
 """The most replicas one service may scale to."""
 

@@ -17,11 +17,10 @@ from sqlalchemy.orm import Session
 from allotment.domain.errors import NotFound
 from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import ALLOWED, JobState
+from allotment.domain.service import PORT_ENV
 from allotment.store.jobs import cancel_job, create_job, jobs_by_id
 from allotment.store.models import Job, Service
 
-PORT_ENV = "PORT"
-"""The variable that tells a replica the port to listen on."""
 SERVICE_ENV = "ALLOTMENT_SERVICE"
 """The variable that names a replica's service."""
 

@@ -19,7 +19,9 @@ attempt's ``job_usage`` rows:
   warned; it is reaped (``idle``) once it reaches ``window`` *and* ``warn_before``
   has passed since a warning given during this run. A busy sample ends the run: the
   next one needs a new warning. Jobs without GPUs, exempt types, and jobs whose newest
-  row is stale (the sampler stalled) are never reaped for idleness.
+  row is stale (the sampler stalled) are never reaped for idleness. A notebook whose
+  JupyterLab reports its last activity (:mod:`.notebooks`) is idle only since then: a
+  user running cells on the CPU keeps it, though its GPUs sit idle.
 
 A service's first ``min`` replicas are never reaped (its replicas above the minimum
 may be, like any job; the service controller then wants one replica fewer).
@@ -51,8 +53,10 @@ from allotment.store.models import Alert, Event
 from allotment.store.services import protected_replicas
 from allotment.store.usage import job_usage_rows
 from allotment.store.views import open_attempts
+from allotment.upkeep.notebooks import kernel_activity
 
 IDLE_WARNING = "idle_warning"
+NOTEBOOK = "notebook"
 """Event and alert kind of a warning before an idle job is reaped."""
 REAP_ACTION = "job.reap"
 MAX_EVIDENCE = 120
@@ -89,6 +93,8 @@ class RunningAttempt:
     type: str
     started: float
     gpus: int
+    active_at: float | None = None
+    """A notebook's last activity as JupyterLab reports it (``None``: not known)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -169,6 +175,16 @@ def decide(
         if found is None:
             continue
         since, idle_for, run = found
+        began = run[0].start  # a warning given since then belongs to this idle run
+        if job.active_at is not None and job.active_at > began:
+            began = job.active_at  # idle only since the notebook's last use
+            idle_for -= max(0.0, job.active_at - since)
+            since = max(since, job.active_at)
+            if idle_for <= 0:
+                continue
+        what = f"GPU utilisation below {threshold:g}%" + (
+            " and no notebook activity" if job.active_at is not None else ""
+        )
         evidence = {
             "threshold_pct": threshold,
             "window_s": window,
@@ -177,7 +193,9 @@ def decide(
             "idle_s": idle_for,
             "samples": [row.evidence() for row in run[-MAX_EVIDENCE:]],
         }
-        warnings = [at for at in warned.get((job.job_id, job.attempt), ()) if at >= since]
+        if job.active_at is not None:
+            evidence["notebook_active_at"] = job.active_at
+        warnings = [at for at in warned.get((job.job_id, job.attempt), ()) if at >= began]
         if not warnings:
             if idle_for >= window - warn_before:
                 left = max(0.0, window - idle_for)
@@ -187,7 +205,7 @@ def decide(
                         job_id=job.job_id,
                         attempt=job.attempt,
                         reason="idle",
-                        message=f"idle: GPU utilisation below {threshold:g}% for "
+                        message=f"idle: {what} for "
                         f"{format_duration(idle_for)}; reclaimed in "
                         f"{format_duration(max(left, warn_before))} unless it is used",
                         evidence=evidence,
@@ -201,7 +219,7 @@ def decide(
                     job_id=job.job_id,
                     attempt=job.attempt,
                     reason="idle",
-                    message=f"reclaimed: GPU utilisation below {threshold:g}% for "
+                    message=f"reclaimed: {what} for "
                     f"{format_duration(idle_for)} (window {format_duration(window)})",
                     evidence={**evidence, "warned_at": min(warnings)},
                 )
@@ -238,9 +256,15 @@ def _rows(rows: Sequence[Any]) -> list[UsageRow]:
     ]
 
 
-def gather(db: DbSession, cluster: Cluster, now: float) -> list[Decision]:
-    """Read the running attempts, their usage over the longest window in force, and
-    their warnings; return :func:`decide`'s answer."""
+def gather(
+    db: DbSession,
+    cluster: Cluster,
+    now: float,
+    activity: Callable[[str, Mapping[str, Any]], float | None] = kernel_activity,
+) -> list[Decision]:
+    """Read the running attempts, their usage over the longest window in force, their
+    warnings, and each notebook's own activity (``activity(job_id, spec)``); return
+    :func:`decide`'s answer."""
     running: list[RunningAttempt] = []
     policies: dict[str, ReapingPolicy] = {}
     horizon = 0.0
@@ -265,6 +289,7 @@ def gather(db: DbSession, cluster: Cluster, now: float) -> list[Decision]:
                 type=job.type,
                 started=started,
                 gpus=gpus,
+                active_at=activity(job.id, job.spec) if job.type == NOTEBOOK and rule else None,
             )
         )
     if not running:
