@@ -118,6 +118,7 @@ def test_the_first_step_makes_min_replicas_as_jobs_each_with_its_own_port(world:
     assert ports == ["20000", "20001"]
     assert {r["env"]["ALLOTMENT_SERVICE"] for r in service["replicas"]} == {"web"}
     assert service["reason"] == "scaling" and "0 of 2 replicas ready" in service["message"]
+    assert [r["preemptible"] for r in service["replicas"]] == [False, False]
     assert world.woken == 1
     assert world.step()["replicas"] == service["replicas"]  # nothing more to do
     assert world.woken == 1
@@ -200,6 +201,11 @@ def test_autoscaling_up_at_once_and_down_after_the_delay(world: World) -> None:
         world.traffic.begin(service_id)
     assert world.step(1.0)["desired"] == 3  # 25 in flight at 10 per replica
     assert len(world.live()) == 3
+    # Above the minimum of one, replicas may be preempted whatever their class.
+    assert [r["preemptible"] for r in world.live()] == [False, True, True]
+    with world.sessions() as db:
+        jobs = [db.get(Job, r["job"]) for r in world.live()]
+        assert [j.spec["preemptible"] for j in jobs if j is not None] == [False, True, True]
     for _ in range(25):
         world.traffic.end(service_id)
     assert world.step(5.0)["desired"] == 3  # the average still asks for more

@@ -53,6 +53,21 @@ def test_non_preemptible_class_is_never_a_victim() -> None:
     assert decisions.preemptions == []
 
 
+def test_a_job_of_a_non_preemptible_class_that_says_preemptible_is_a_victim() -> None:
+    # A service's replicas above its minimum: production, yet given up for the owner.
+    cluster = shared().build()
+    runs = [
+        running("kept", "a", "a100-00", gpu=8, prio="production", start=NOW - 50),
+        replace(
+            running("extra", "a", "a100-01", gpu=8, prio="production", start=NOW - 100),
+            preemptible=True,
+        ),
+    ]
+    decisions = cycle(cluster, [job("b1", "b", gpu=8, prio="experiment")], runs)
+    assert victims(decisions) == {"b1": ["extra"]}  # the protected one stays, though newer
+    assert decisions.preemptions[0].victims[0].cause == "reclaim"
+
+
 def test_reclaim_borrowed_capacity_for_owner_within_nominal() -> None:
     cluster = shared().build()
     # a borrows b's whole guarantee; b now wants its own 8 GPUs back.

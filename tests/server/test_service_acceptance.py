@@ -26,7 +26,7 @@ APP = Path(__file__).resolve().parent / "apps" / "web.py"
 CLUSTER = """
 pools: [{name: local}]
 nodes: [{name: box, pool: local, capacity: {gpu: 4, cpu: 16, memory: 32Gi}}]
-tenants: [{name: vision}, {name: nlp}]
+tenants: [{name: vision, public_services: true}, {name: nlp}]
 queues:
   - {name: serving, tenant: vision, quota: {local: {gpu: 2}}, borrowing_limit: {local: {gpu: 0}}}
   - {name: nlp-serving, tenant: nlp, quota: {local: {gpu: 2}}}
@@ -257,3 +257,21 @@ def test_autoscaling_follows_the_load_within_quota_and_a_scale_up_that_does_not_
     stopped = {r["job"] for r in busy["replicas"]} - {r["job"] for r in calm["replicas"]}
     assert len(stopped) == 2
     assert {allot_json(up, "get", job)["state"] for job in stopped} == {"cancelled"}
+
+
+def test_a_public_service_answers_without_a_token_where_its_tenant_allows_it(up: Up) -> None:
+    tokens = started(up)
+    up.env_overrides["ALLOT_TOKEN"] = tokens["vision"]
+    allot(up, "submit", service_file(up, "open", {"public": True}))
+    assert wait_service(up, "open", lambda s: s["ready"] == 1)["public"] is True
+    answer = httpx.get(f"{up.url}/svc/vision/open/hi", timeout=30)
+    assert answer.status_code == 200 and answer.json()["path"] == "/hi"
+    # A service that is not public still needs a token, and tenant nlp allows none.
+    allot(up, "submit", service_file(up, "closed", {}))
+    assert httpx.get(f"{up.url}/svc/vision/closed/hi", timeout=30).status_code == 401
+    assert httpx.get(f"{up.url}/svc/vision/nothing/hi", timeout=30).status_code == 401
+    up.env_overrides["ALLOT_TOKEN"] = tokens["nlp"]
+    path = service_file(up, "leak", {"public": True}, queue="nlp-serving")
+    refused = allot(up, "submit", path, check=False)
+    assert refused.returncode == 1
+    assert "tenant nlp does not allow public services" in refused.stderr

@@ -3,7 +3,8 @@ tenant scoping: ``/svc/<tenant>/<service>/<path>`` forwards to a ready replica o
 service (the path after the prefix), ``/nb/<job>/<path>`` to the notebook job's
 JupyterLab (the whole path: JupyterLab serves under that prefix).
 
-- **Who may call**: a service, any role of its tenant (``viewer`` and up); a notebook,
+- **Who may call**: a service, any role of its tenant (``viewer`` and up), or anyone
+  when it is ``public`` (its tenant must allow ``public_services``); a notebook,
   the user who started it, or an admin of its tenant; a platform admin either. The
   token is the API's bearer token, or a browser's dashboard cookie: for reads only on
   services, for writes too on notebooks, where JupyterLab's own token and XSRF check
@@ -207,12 +208,19 @@ async def _allowed(
 
 @router.api_route(PROXY_PREFIX + "/{tenant}/{name}/{path:path}", methods=METHODS)
 async def proxy_service(request: Request, tenant: str, name: str, path: str) -> Response:
-    await _allowed(
-        request,
-        Action.SERVICE_CALL,
-        lambda: Owned(kind="service", name=name, tenant=tenant),
-    )
-    return await _proxy(request, _service(request, tenant, name, path))
+    endpoint = _service(request, tenant, name, path)
+    if not await _public(endpoint):
+        owned = Owned(kind="service", name=name, tenant=tenant)
+        await _allowed(request, Action.SERVICE_CALL, lambda: owned)
+    return await _proxy(request, endpoint)
+
+
+async def _public(endpoint: Endpoint) -> bool:
+    """Whether the endpoint answers without a token (a public service): only then is
+    it looked up before the caller is authenticated, so that whether a service exists
+    never shows to a caller without a token."""
+    route = await run_in_threadpool(endpoint.lookup)
+    return route is not None and route.public
 
 
 @router.api_route(NOTEBOOK_PREFIX + "/{job_id}/{path:path}", methods=METHODS)
@@ -300,8 +308,11 @@ async def _send(request: Request, endpoint: Endpoint, route: Route) -> httpx.Res
 @router.websocket(PROXY_PREFIX + "/{tenant}/{name}/{path:path}")
 async def proxy_service_socket(websocket: WebSocket, tenant: str, name: str, path: str) -> None:
     owned = Owned(kind="service", name=name, tenant=tenant)
-    if await _socket_allowed(websocket, Action.SERVICE_CALL, lambda: owned):
-        await _pump(websocket, _service(websocket, tenant, name, path))
+    endpoint = _service(websocket, tenant, name, path)
+    if await _public(endpoint) or await _socket_allowed(
+        websocket, Action.SERVICE_CALL, lambda: owned
+    ):
+        await _pump(websocket, endpoint)
 
 
 @router.websocket(NOTEBOOK_PREFIX + "/{job_id}/{path:path}")

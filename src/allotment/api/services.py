@@ -49,6 +49,7 @@ class ServiceOut(Output):
     user: str
     priority_class: str
     generation: int
+    public: bool
     min_replicas: int
     max_replicas: int
     desired: int
@@ -89,6 +90,7 @@ def service_out(session: Session, service: Service) -> ServiceOut:
         user=service.user,
         priority_class=service.priority_class,
         generation=service.generation,
+        public=spec.service.public,
         min_replicas=spec.service.replicas.min,
         max_replicas=spec.service.replicas.max,
         desired=service.desired,
@@ -125,6 +127,8 @@ class Route:
     wait: bool = True
     """Whether a request should wait for one to answer (not in a crash loop, not for a
     notebook that is not running)."""
+    public: bool = False
+    """Whether it answers without a token."""
 
 
 class Services:
@@ -151,14 +155,23 @@ class Services:
         if spec.type is not JobType.SERVICE:
             issue = Issue(path="type", message="a service's file needs type: service")
             raise ConfigError([issue], source=SPEC_SOURCE)
-        if spec.service is None:
-            spec = spec.model_copy(update={"service": ServiceSettings()})
+        settings = spec.service or ServiceSettings()
+        spec = spec.model_copy(update={"service": settings})
+        tenant = queue.tenant or DEFAULT_TENANT
+        declared = self.jobs.cluster.tenants.get(tenant)
+        if settings.public and not (declared is not None and declared.public_services):
+            issue = Issue(
+                path="service.public",
+                message=f"tenant {tenant} does not allow public services: a platform admin "
+                "sets public_services: true on the tenant in cluster.yaml",
+            )
+            raise ConfigError([issue], source=SPEC_SOURCE)
         with self.sessions.begin() as session:
-            found = service_store.find_service(session, queue.tenant or DEFAULT_TENANT, spec.name)
+            found = service_store.find_service(session, tenant, spec.name)
             service, _ = service_store.apply_service(
                 session,
                 spec,
-                tenant=queue.tenant or DEFAULT_TENANT,
+                tenant=tenant,
                 user=user,
                 priority_class=priority.name,
                 at=self.jobs.clock(),
@@ -215,12 +228,14 @@ class Services:
                 int(r["port"]) for r in found.replicas if r.get("ready") and not r.get("retired")
             )
             code = found.reason_code or "starting"
+            settings = dict(found.spec.get("service") or {})
             return Route(
                 found.id,
                 ports,
                 code,
                 found.reason_message or "no replica is ready yet",
                 wait=code != "crash_loop",
+                public=settings.get("public") is True,
             )
 
     def notebook_owned(self, job_id: str) -> Owned:

@@ -317,7 +317,7 @@ class ServiceController:
                 self._health.pop(record["job"], None)
             records.append(record)
         service.desired = self._wanted(service, settings, now)
-        acted = self._scale(db, service, records, jobs, now) or acted
+        acted = self._scale(db, service, settings, records, jobs, now) or acted
         self._set_reason(db, service, settings, records, last_failure, now)
         if records != service.replicas:
             service.replicas = records
@@ -390,16 +390,19 @@ class ServiceController:
         self,
         db: DbSession,
         service: Service,
+        settings: ServiceSettings,
         records: list[dict[str, Any]],
         jobs: dict[str, Job],
         now: float,
     ) -> bool:
-        """Start replicas of the newest generation up to ``service.desired``; stop its
-        surplus (those not ready first, then the newest) and the older generations'
-        replicas that ready new ones replace. When a new replica cannot be placed (its
-        queue's quota or the nodes are full) and nothing is stopping yet, one more old
-        replica is stopped to make room: an update never waits forever on the room its
-        own old replicas hold. Return whether any job changed."""
+        """Start replicas of the newest generation up to ``service.desired`` (the first
+        ``min`` of them never preempted, those above preemptible whatever their class);
+        stop its surplus (those not ready first, then those above the minimum, then the
+        newest) and the older generations' replicas that ready new ones replace. When a
+        new replica cannot be placed (its queue's quota or the nodes are full) and
+        nothing is stopping yet, one more old replica is stopped to make room: an update
+        never waits forever on the room its own old replicas hold. Return whether any
+        job changed."""
         wanted = service.desired
         live = [r for r in records if not r.get("retired")]
         new = [r for r in live if r["generation"] == service.generation]
@@ -407,11 +410,21 @@ class ServiceController:
         not_before = service.next_start_at
         if not_before is not None and not_before <= now:
             not_before = None
+        protected = sum(1 for r in new if not r.get("preemptible"))
         for _ in range(wanted - len(new)):
-            port = self._free_port()
-            records.append(add_replica(db, service, port=port, at=now, not_before=not_before))
-        # Ready ones first, then the oldest (records are in the order they were made).
-        by_value = sorted(new, key=lambda r: not r.get("ready"))
+            record = add_replica(
+                db,
+                service,
+                port=self._free_port(),
+                at=now,
+                not_before=not_before,
+                preemptible=protected >= settings.replicas.min,
+            )
+            protected += not record["preemptible"]
+            records.append(record)
+        # Kept first: ready ones, those of the minimum before those above it, the oldest
+        # (records are in the order they were made).
+        by_value = sorted(new, key=lambda r: (not r.get("ready"), bool(r.get("preemptible"))))
         for record in by_value[wanted:]:
             self._retire(db, service, record, because="scaled down", now=now)
         kept = by_value[:wanted]

@@ -138,6 +138,9 @@ class JobSpec(Model):
     max_runtime: Duration | None = None
     expected_runtime: Duration | None = None
     retry: RetryPolicy | None = None
+    preemptible: bool = False
+    """May be preempted even where its priority class is not (a service's replicas above
+    its minimum are made so): it gives up a protection, never gains one."""
     service: ServiceSettings | None = None
     notebook: NotebookSettings | None = None
 

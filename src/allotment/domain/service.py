@@ -90,6 +90,9 @@ class ServiceSettings(Model):
     health: HealthCheck = Field(default_factory=HealthCheck)
     autoscaling: Autoscaling = Field(default_factory=Autoscaling)
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
+    public: bool = False
+    """Its address answers without a token (only where its tenant allows
+    ``public_services``)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -60,6 +60,9 @@ class Tenant(Model):
     images: list[ImagePattern] = Field(default_factory=list)
     """Image references or ``*`` patterns this tenant's jobs may run (besides the
     runtime's ``default_image``); a pattern without a tag or digest admits them all."""
+    public_services: bool = False
+    """Whether this tenant's services may be marked ``public`` (their address answers
+    without a token)."""
     uid: int | None = Field(default=None, ge=1000, le=2**31 - 2)
     """The uid and gid this tenant's containers run under (default: one derived from
     its name inside ``executor.runtime.uids``)."""

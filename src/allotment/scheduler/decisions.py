@@ -36,6 +36,7 @@ class Admit:
             placements=self.placements,
             expected_end=None if job.expected_runtime is None else at + job.expected_runtime,
             max_end=None if job.max_runtime is None else at + job.max_runtime,
+            preemptible=job.preemptible,
         )
 
 

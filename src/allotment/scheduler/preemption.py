@@ -10,7 +10,8 @@ priority, then the least run time lost (the most recently started). A job may ta
   ``lower_priority``);
 * ``borrow_only`` jobs of any queue, unless its queue says ``reclaim: never``.
 
-Never a job of a non-preemptible class, one already terminating, or one already chosen.
+Never a job of a non-preemptible class (unless its spec says ``preemptible: true``), one
+already terminating, or one already chosen.
 Which of these the policy allows -- none, reclaim only, or priority within a queue and
 reclaim -- and the candidates' order are its victim rule's
 (:class:`~allotment.scheduler.victims.VictimRule`); this module is the search. It removes

@@ -94,6 +94,8 @@ class PendingJob:
     expected_runtime: float | None = None
     not_before: float | None = None
     """Back-off: not before this time (seconds since the epoch)."""
+    preemptible: bool = False
+    """A victim even where its class is not preemptible (the spec's ``preemptible``)."""
     preempting: tuple[str, ...] = ()
     """Victims already preempted for this job and not yet gone."""
 
@@ -144,6 +146,8 @@ class RunningJob:
     """When its max_runtime runs out, if it has one."""
     terminating: bool = False
     """Preempted or cancelled; its resources are still held until it is gone."""
+    preemptible: bool = False
+    """A victim even where its class is not preemptible (the spec's ``preemptible``)."""
 
     def total(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -199,4 +203,5 @@ def pending_from_spec(
         max_runtime=spec.max_runtime,
         expected_runtime=spec.expected_runtime,
         not_before=not_before,
+        preemptible=spec.preemptible,
     )

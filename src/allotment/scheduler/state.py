@@ -41,6 +41,8 @@ class Holder:
     """Admitted in this cycle (never a victim in the same cycle)."""
     side: int | None = None
     """Which nodes it keeps to: the pool's owners' or its guests' (:meth:`CycleState.side`)."""
+    preemptible: bool = False
+    """A victim even where its class is not preemptible."""
 
 
 class CycleState:
@@ -228,6 +230,7 @@ class CycleState:
             total=job.total(),
             terminating=job.terminating,
             side=self.side(job.queue, job.pool),
+            preemptible=job.preemptible,
         )
 
     def hold(self, holder: Holder) -> None:

@@ -66,7 +66,8 @@ def _ordered(found: list[Candidate]) -> list[Candidate]:
 
 
 def _may_be_victim(holder: Holder) -> bool:
-    return holder.klass.preemptible and not holder.terminating and not holder.fresh
+    preemptible = holder.klass.preemptible or holder.preemptible
+    return preemptible and not holder.terminating and not holder.fresh
 
 
 def _own(state: CycleState, leaf: Queue, pool: str, job_class: PriorityClass) -> list[Candidate]:

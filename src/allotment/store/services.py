@@ -129,27 +129,35 @@ def delete_service(session: Session, service: Service, *, at: float, by: str | N
 
 def protected_replicas(session: Session) -> set[str]:
     """The replica jobs idle and TTL reaping must never stop: each service's first
-    ``min`` live replicas (ready ones first, then the oldest). Those above the minimum
-    may be reaped; the autoscaler also scales them down when the load falls."""
+    ``min`` live replicas (those made as its minimum first, then ready ones, then the
+    oldest). Those above the minimum may be reaped; the autoscaler also scales them
+    down when the load falls."""
     protected: set[str] = set()
     for service in session.scalars(select(Service)):
         spec = settings_of(service)
         assert spec.service is not None
         live = [r for r in service.replicas if not r.get("retired")]
-        live.sort(key=lambda r: not r.get("ready"))  # stable: the oldest first within
+        live.sort(key=lambda r: (bool(r.get("preemptible")), not r.get("ready")))
         protected.update(r["job"] for r in live[: spec.service.replicas.min])
     return protected
 
 
 def add_replica(
-    session: Session, service: Service, *, port: int, at: float, not_before: float | None
+    session: Session,
+    service: Service,
+    *,
+    port: int,
+    at: float,
+    not_before: float | None,
+    preemptible: bool,
 ) -> dict[str, Any]:
     """A new replica job of ``service`` (pending: the scheduler places it like any job),
-    told to listen on ``port``; return its replica record (the caller keeps it in
-    ``service.replicas``)."""
+    told to listen on ``port``; ``preemptible`` for one above the service's minimum
+    (a victim even where its class is not). Return its replica record (the caller keeps
+    it in ``service.replicas``)."""
     spec = settings_of(service)
     env = {**spec.env, PORT_ENV: str(port), SERVICE_ENV: service.name}
-    replica = spec.model_copy(update={"env": env})
+    replica = spec.model_copy(update={"env": env, "preemptible": preemptible or spec.preemptible})
     job = create_job(
         session,
         replica,
@@ -166,5 +174,6 @@ def add_replica(
         "port": port,
         "ready": False,
         "started": None,
+        "preemptible": preemptible,
     }
     return record

@@ -51,6 +51,7 @@ def running_of(job: Job, attempt: Attempt, cluster: Cluster) -> RunningJob:
             None if pending.expected_runtime is None else start + pending.expected_runtime
         ),
         max_end=None if pending.max_runtime is None else start + pending.max_runtime,
+        preemptible=pending.preemptible,
     )
 
 
