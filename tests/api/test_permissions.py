@@ -92,6 +92,12 @@ MATRIX: dict[str, dict[str, Cell]] = {
     },
     "GET /api/v1/healthz": OPEN,
     "GET /": READ,
+    "GET /ui/fragments/overview": READ,
+    "GET /ui/jobs/{job_id}": READ_OWN,
+    "GET /ui/fragments/jobs/{job_id}": READ_OWN,
+    "POST /ui/jobs/{job_id}/cancel": row(
+        (200, 200), (200, 404), (200, 404), (403, 404), (401, 401)
+    ),
     "GET /openapi.json": OPEN,
     "GET /docs": OPEN,
     "GET /docs/oauth2-redirect": OPEN,
@@ -182,6 +188,13 @@ BUILD: dict[str, Callable[[World, str], Request]] = {
     ),
     "GET /api/v1/jobs/{job_id}/why": lambda w, t: ("GET", f"/api/v1/jobs/{w.job(t)}/why", None),
     "GET /api/v1/jobs/{job_id}/logs": lambda w, t: ("GET", f"/api/v1/jobs/{w.job(t)}/logs", None),
+    "GET /ui/jobs/{job_id}": lambda w, t: ("GET", f"/ui/jobs/{w.job(t)}", None),
+    "GET /ui/fragments/jobs/{job_id}": lambda w, t: (
+        "GET",
+        f"/ui/fragments/jobs/{w.job(t)}",
+        None,
+    ),
+    "POST /ui/jobs/{job_id}/cancel": lambda w, t: ("POST", f"/ui/jobs/{w.job(t)}/cancel", None),
     "PUT /api/v1/cluster": lambda w, t: ("PUT", "/api/v1/cluster", {"text": CLUSTER}),
     "GET /api/v1/audit": lambda w, t: ("GET", f"/api/v1/audit?tenant={t}", None),
     "POST /api/v1/tokens": lambda w, t: (

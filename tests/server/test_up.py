@@ -75,6 +75,12 @@ def test_fault_the_dashboard_cookie_reads_but_never_writes(up: Up) -> None:
         assert browser.get("/api/v1/jobs").status_code == 200  # reading with the cookie
         forged = browser.post("/api/v1/jobs", json={"spec": JOB})
         assert forged.status_code == 401 and forged.json()["code"] == "unauthenticated"
+        # The dashboard's own buttons write with the cookie only with htmx's header,
+        # which another site's page cannot send.
+        forged = browser.post("/ui/jobs/j-1/cancel")
+        assert forged.status_code == 401 and forged.json()["code"] == "unauthenticated"
+        unknown = browser.post("/ui/jobs/j-1/cancel", headers={"HX-Request": "true"})
+        assert unknown.status_code == 404  # authenticated by the cookie: no such job
         assert browser.get("/api/v1/jobs").json()["jobs"] == []
         auth = {"Authorization": f"Bearer {up.config['token']}"}
         assert browser.post("/api/v1/jobs", json={"spec": JOB}, headers=auth).status_code == 201

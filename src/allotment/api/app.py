@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
 from sqlalchemy.orm import Session, sessionmaker
 
 from allotment.api.audit import AuditTrail
@@ -30,6 +31,7 @@ from allotment.control.services import ServiceTraffic
 from allotment.domain.cluster import Cluster
 from allotment.scheduler.snapshot import SchedulerPolicy
 from allotment.store.batching import GroupCommit
+from allotment.web.pages import STATIC
 
 
 def create_app(
@@ -102,6 +104,7 @@ def create_app(
     app.include_router(open_router)
     app.include_router(router)
     app.include_router(dashboard_router)
+    app.mount("/ui/static", StaticFiles(directory=STATIC), name="static")
     app.include_router(proxy_router)
     app.include_router(metrics_router)
     install_error_handlers(app)

@@ -22,6 +22,8 @@ from allotment.domain.notebook import NOTEBOOK_PREFIX
 API_PREFIX = "/api/v1"
 TOKEN_COOKIE = "allot_token"
 DASHBOARD_PATH = "/"
+UI_PREFIX = "/ui/"
+"""The dashboard's other pages, fragments and actions."""
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
@@ -35,15 +37,18 @@ def presented_token(scope: Scope) -> str | None:
     the cookie by itself, so a write made with it could be forged by another page —
     except to a notebook (``/nb/...``), whose JupyterLab checks its own token or XSRF
     cookie on every write, so that JupyterLab works in a browser signed in with the
-    cookie."""
+    cookie, and the dashboard's own actions (``/ui/...``) sent by its htmx with the
+    ``HX-Request`` header: a page of another site cannot add a header to a request here
+    without a CORS preflight, which this server never grants."""
     headers = _headers(scope)
     auth = headers.get(b"authorization", b"").decode("latin-1")
     scheme, _, value = auth.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
         return value.strip()
     path = str(scope.get("path", ""))
-    if str(scope.get("method", "GET")).upper() in WRITE_METHODS and not path.startswith(
-        NOTEBOOK_PREFIX + "/"
+    if str(scope.get("method", "GET")).upper() in WRITE_METHODS and not (
+        path.startswith(NOTEBOOK_PREFIX + "/")
+        or (path.startswith(UI_PREFIX) and headers.get(b"hx-request") == b"true")
     ):
         return None
     if path == DASHBOARD_PATH:

@@ -1,1 +1,2 @@
-"""The dashboard's pages: pure rendering of plain data into HTML (served by ``api``)."""
+"""The dashboard's pages: Jinja2 templates and static files, rendered from the API's
+wire data (served by ``api.dashboard``)."""

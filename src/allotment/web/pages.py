@@ -1,0 +1,53 @@
+"""The dashboard's pages, rendered on the server with Jinja2 templates (``templates/``)
+and a little htmx (``static/``, shipped with its licence): the live parts of a page
+reload themselves every two seconds as fragments, without a full reload.
+
+Autoescaping is on for every template: whatever users wrote (job names, commands, log
+lines) is shown as text, never as markup. The pages take the API's wire dictionaries,
+so that they show exactly what the API says.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+HERE = Path(__file__).resolve().parent
+STATIC = HERE / "static"
+"""Served at ``/ui/static``."""
+
+
+def _when(epoch: float | None) -> str:
+    if epoch is None:
+        return ""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(epoch)) + "Z"
+
+
+def _num(value: float | int | None) -> str:
+    if value is None:
+        return ""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+@cache
+def environment() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(HERE / "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["when"] = _when
+    env.filters["num"] = _num
+    macros = env.get_template("macros.html").module
+    env.globals.update(bar=macros.bar, state=macros.state, jobs_table=macros.jobs_table)  # type: ignore[attr-defined]
+    return env
+
+
+def render(template: str, **context: Any) -> str:
+    """``template`` (a file of ``templates/``) rendered with ``context``."""
+    return environment().get_template(template).render(**context)

@@ -1,0 +1,129 @@
+"""The dashboard in a real browser (headless Chromium), against ``allot up`` as a
+process: sign in, the overview, a waiting job's reason, a job followed from pending to
+succeeded without a reload, cancelling from the job's page, and a member of one tenant
+who sees none of another tenant's jobs on any page."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from allotment.client import AllotmentClient
+from tests.server.conftest import Up
+from tests.ui.conftest import shot
+
+# One node, one GPU: a second GPU job waits for the first.
+CLUSTER = """
+pools: [{name: local}]
+nodes: [{name: box, pool: local, capacity: {gpu: 1, cpu: 8, memory: 16Gi}}]
+tenants: [{name: vision}, {name: nlp}]
+queues:
+  - {name: train, tenant: vision, quota: {local: {gpu: 1}}}
+  - {name: nlp-q, tenant: nlp, quota: {local: {gpu: 0}}}
+"""
+
+
+def job(name: str, *, seconds: float, queue: str = "train", gpus: int = 1) -> str:
+    code = f"import time; print('hello from {name}', flush=True); time.sleep({seconds})"
+    return json.dumps(
+        {
+            "name": name,
+            "queue": queue,
+            "replicas": [{"count": 1, "resources": {"gpu": gpus}}],
+            "command": [sys.executable, "-c", code],
+        }
+    )
+
+
+@pytest.fixture
+def deployment(up: Up) -> tuple[Up, dict[str, str]]:
+    (up.root / "cluster.yaml").write_text(CLUSTER)
+    up.start("-f", str(up.root / "cluster.yaml"))
+    with up.client() as admin:
+        tokens = {
+            tenant: admin.create_token(user=f"{tenant}-member", tenant=tenant, role="member")[
+                "token"
+            ]
+            for tenant in ("vision", "nlp")
+        }
+    return up, tokens
+
+
+def sign_in(page: Page, up: Up, token: str) -> None:
+    page.goto(f"{up.url}/?token={token}")
+    expect(page).to_have_url(f"{up.url}/")  # the token left the address bar
+    expect(page.get_by_role("heading", name="Overview")).to_be_visible()
+
+
+def test_browser_sign_in_overview_waiting_reason_live_updates_and_cancel(
+    deployment: tuple[Up, dict[str, str]], page: Page
+) -> None:
+    up, tokens = deployment
+    with AllotmentClient(up.url, tokens["vision"]) as vision:
+        blocker = vision.submit(job("blocker", seconds=600))
+        waiting = vision.submit(job("follower", seconds=6))
+    sign_in(page, up, tokens["vision"])
+    expect(page.get_by_test_id("who")).to_contain_text("vision-member")
+    expect(page.get_by_role("heading", name="GPUs by pool")).to_be_visible()
+    expect(page.get_by_test_id("running-count")).to_have_text("1")
+    expect(page.get_by_test_id("waiting-count")).to_have_text("1")
+    shot(page, "overview")
+
+    # Open the waiting job from the overview and read why it waits.
+    page.get_by_role("link", name=waiting["id"]).click()
+    expect(page).to_have_url(f"{up.url}/ui/jobs/{waiting['id']}")
+    expect(page.get_by_test_id("state")).to_have_text("pending")
+    with AllotmentClient(up.url, tokens["vision"]) as vision:
+        said = vision.why(waiting["id"])["reason"]  # the page says what `allot why` says
+    expect(page.get_by_test_id("reason")).to_contain_text(said["code"])
+    expect(page.get_by_test_id("reason")).to_contain_text(said["message"])
+    shot(page, "job-pending")
+
+    # Free its GPU: the page follows it to running, then succeeded, without a reload.
+    page.evaluate("window.stayed = true")
+    with AllotmentClient(up.url, tokens["vision"]) as vision:
+        vision.cancel(blocker["id"])
+    expect(page.get_by_test_id("state")).to_have_text("running", timeout=30_000)
+    expect(page.get_by_test_id("state")).to_have_text("succeeded", timeout=30_000)
+    expect(page.get_by_test_id("log")).to_contain_text("hello from follower")
+    assert page.evaluate("window.stayed") is True  # the same page: nothing reloaded it
+    expect(page.locator("ol.timeline")).to_contain_text("running")
+    shot(page, "job-succeeded")
+
+    # Cancel a running job from its page.
+    with AllotmentClient(up.url, tokens["vision"]) as vision:
+        victim = vision.submit(job("to-cancel", seconds=600))
+    page.goto(f"{up.url}/ui/jobs/{victim['id']}")
+    expect(page.get_by_test_id("state")).to_have_text("running", timeout=30_000)
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.get_by_role("button", name="Cancel job").click()
+    expect(page.get_by_test_id("state")).to_contain_text("cancelled")
+    expect(page.get_by_role("button", name="Cancel job")).to_have_count(0)
+    shot(page, "job-cancelled")
+    with AllotmentClient(up.url, tokens["vision"]) as vision:
+        assert vision.get_job(victim["id"])["state"] == "cancelled"
+
+
+def test_browser_a_member_of_one_tenant_sees_none_of_another_tenants_jobs(
+    deployment: tuple[Up, dict[str, str]], page: Page
+) -> None:
+    up, tokens = deployment
+    with AllotmentClient(up.url, tokens["vision"]) as vision:
+        theirs = vision.submit(job("vision-secret", seconds=600))
+    with AllotmentClient(up.url, tokens["nlp"]) as nlp:
+        mine = nlp.submit(job("nlp-own", seconds=600, queue="nlp-q", gpus=0))
+    sign_in(page, up, tokens["nlp"])
+    content = page.content()
+    assert mine["id"] in content
+    assert theirs["id"] not in content and "vision-secret" not in content
+    assert not re.search(r"\btrain\b", page.locator("#queues-h + table").inner_text())
+    shot(page, "overview-other-tenant")
+    answer = page.goto(f"{up.url}/ui/jobs/{theirs['id']}")
+    assert answer is not None and answer.status == 404
+    assert "vision-secret" not in page.content()
+    fragment = page.goto(f"{up.url}/ui/fragments/jobs/{theirs['id']}")
+    assert fragment is not None and fragment.status == 404
