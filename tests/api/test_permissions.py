@@ -93,6 +93,8 @@ MATRIX: dict[str, dict[str, Cell]] = {
     "GET /api/v1/healthz": OPEN,
     "GET /": READ,
     "GET /ui/fragments/overview": READ,
+    "GET /ui/reports": READ,
+    "GET /ui/reports.csv": READ,
     "GET /ui/jobs/{job_id}": READ_OWN,
     "GET /ui/fragments/jobs/{job_id}": READ_OWN,
     "POST /ui/jobs/{job_id}/cancel": row(

@@ -19,10 +19,10 @@ from typer.testing import CliRunner
 
 from allotment.api.app import create_app
 from allotment.cli.main import app
-from allotment.cli.report import CSV_COLUMNS
 from allotment.domain.loading import load_cluster_text
 from allotment.store import migrate
 from allotment.store.db import make_engine, session_factory
+from allotment.web.report import CSV_COLUMNS
 
 PRICED = CLUSTER.replace("pools: [{name: local}]", "pools: [{name: local, price_per_gpu_hour: 3}]")
 T0 = 1_800_000_000.0

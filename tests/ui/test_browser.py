@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import re
 import sys
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
 
 from allotment.client import AllotmentClient
+from allotment.web.report import csv_text
 from tests.server.conftest import Up
 from tests.ui.conftest import shot
 
@@ -106,6 +108,40 @@ def test_browser_sign_in_overview_waiting_reason_live_updates_and_cancel(
     shot(page, "job-cancelled")
     with AllotmentClient(up.url, tokens["vision"]) as vision:
         assert vision.get_job(victim["id"])["state"] == "cancelled"
+
+
+def test_browser_reports_page_and_its_csv_are_the_same_figures_as_allot_report(
+    deployment: tuple[Up, dict[str, str]], page: Page
+) -> None:
+    up, tokens = deployment
+    with AllotmentClient(up.url, tokens["vision"]) as vision:
+        done = vision.submit(job("counted", seconds=0.5))
+    with AllotmentClient(up.url, tokens["vision"]) as vision:
+        for _ in range(100):
+            if vision.get_job(done["id"])["state"] == "succeeded":
+                break
+            page.wait_for_timeout(200)
+    sign_in(page, up, tokens["vision"])
+    page.get_by_role("link", name="Reports").click()
+    expect(page.get_by_role("heading", name="Reports")).to_be_visible()
+    expect(page.get_by_test_id("report-title")).to_contain_text("tenant vision")
+    expect(page.get_by_role("heading", name="usage and cost by tenant")).to_be_visible()
+    page.get_by_label("by").select_option("queue")
+    page.get_by_role("button", name="Show").click()
+    expect(page.get_by_role("heading", name="usage and cost by queue")).to_be_visible()
+    expect(page.locator(".report table").first).to_contain_text("train")
+    shot(page, "reports")
+    with page.expect_download() as downloading:
+        page.get_by_test_id("csv").click()
+    csv = Path(downloading.value.path()).read_text()
+    with AllotmentClient(up.url, tokens["vision"]) as vision:
+        data = vision.report(since="7d", by="queue")
+    assert csv.splitlines()[0] == csv_text(data).splitlines()[0]
+    assert csv.splitlines()[1].split(",")[:3] == csv_text(data).splitlines()[1].split(",")[:3]
+    # A window that cannot be read is said on the page.
+    answer = page.goto(f"{up.url}/ui/reports?since=yesterday")
+    assert answer is not None and answer.status == 422
+    expect(page.get_by_test_id("report-title")).to_contain_text("yesterday")
 
 
 def test_browser_a_member_of_one_tenant_sees_none_of_another_tenants_jobs(

@@ -5,6 +5,9 @@
 - ``/ui/jobs/<id>`` — one job: state, the ``why`` answer, its timeline from the events,
   the tail of its first replica's output, its spec, and a cancel button for those who
   may cancel it;
+- ``/ui/reports`` — usage, cost, idle waste, waits, failures, preemptions and reclaims
+  over a window, with charts (the same figures, tables and charts as ``allot report``),
+  and ``/ui/reports.csv`` to download its usage rows;
 - ``/ui/fragments/...`` — the live parts of those pages, which htmx reloads every two
   seconds; ``POST /ui/jobs/<id>/cancel`` cancels and answers the job's live part.
 
@@ -18,20 +21,26 @@ cannot send without this server's consent (:func:`allotment.api.gate.presented_t
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any, Literal
+from urllib.parse import urlencode
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from markupsafe import Markup
 
+from allotment.api import reports
 from allotment.api.access import CurrentPrincipal, principal
 from allotment.api.auth import Principal
+from allotment.api.errors import status_for
 from allotment.api.gate import TOKEN_COOKIE
 from allotment.api.policy import Action, may, require, visible_tenant
 from allotment.api.service import JobService, job_out
-from allotment.domain.errors import AllotmentError
+from allotment.domain.errors import AllotmentError, InvalidInput
 from allotment.domain.lifecycle import TERMINAL, JobState
 from allotment.store.jobs import list_jobs, recent_jobs
 from allotment.web.pages import render
+from allotment.web.report import csv_text, title
+from allotment.web.report_html import report_body
 
 router = APIRouter(include_in_schema=False, dependencies=[Depends(principal)])
 
@@ -150,3 +159,62 @@ def cancel(request: Request, job_id: str, who: CurrentPrincipal) -> HTMLResponse
     require(who, Action.JOB_CANCEL, svc.owned(job_id=job_id))
     svc.cancel(job_id=job_id, user=who.user)
     return HTMLResponse(render("job_live.html", **_job(svc, who, job_id)))
+
+
+Grouping = Literal["tenant", "queue", "pool", "user", "type"]
+Since = Annotated[str, Query(min_length=1, max_length=64)]
+Until = Annotated[str | None, Query(max_length=64)]
+
+
+def _report(svc: JobService, who: Principal, since: str, until: str | None, by: str) -> Any:
+    require(who, Action.REPORT_READ)
+    return reports.usage_report(
+        svc.sessions,
+        svc.cluster,
+        since=since,
+        until=until or None,
+        by=by,
+        tenant=visible_tenant(who),
+        records=False,
+        now=svc.clock(),
+    ).model_dump()
+
+
+@router.get("/ui/reports", response_class=HTMLResponse)
+def reports_page(
+    request: Request,
+    who: CurrentPrincipal,
+    since: Since = "7d",
+    until: Until = None,
+    by: Grouping = "tenant",
+) -> HTMLResponse:
+    """The report over ``since``..``until`` grouped ``by``; a window that cannot be read
+    is said on the page (422)."""
+    svc = _service(request)
+    context: dict[str, Any] = {"who": who, "since": since, "until": until, "by": by}
+    context["query"] = urlencode({k: v for k, v in context.items() if k != "who" and v})
+    try:
+        data = _report(svc, who, since, until, by)
+    except InvalidInput as exc:  # a window that cannot be read: say so on the page
+        page = render("reports.html", **context, heading=exc.message, body="")
+        return HTMLResponse(page, status_code=status_for(exc))
+    body = Markup(report_body(data))
+    return HTMLResponse(render("reports.html", **context, heading=title(data), body=body))
+
+
+@router.get("/ui/reports.csv")
+def reports_csv(
+    request: Request,
+    who: CurrentPrincipal,
+    since: Since = "7d",
+    until: Until = None,
+    by: Grouping = "tenant",
+) -> Response:
+    """The usage rows of the same report as CSV (what ``allot report --format csv``
+    writes), as a download."""
+    data = _report(_service(request), who, since, until, by)
+    return Response(
+        csv_text(data),
+        media_type="text/csv; charset=utf-8",
+        headers={"Content-Disposition": f'attachment; filename="allotment-report-by-{by}.csv"'},
+    )

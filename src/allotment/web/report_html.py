@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from allotment.cli.report import Section, moment, number, sections, title
+from allotment.web.report import Section, moment, number, sections, title
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -172,15 +172,11 @@ def records_html(records: Sequence[Mapping[str, Any]]) -> str:
     return table_html(section)
 
 
-def html_report(data: Mapping[str, Any]) -> str:
-    """The report ``data`` (as ``GET /report`` answers) as one HTML document."""
+def report_body(data: Mapping[str, Any]) -> str:
+    """The report ``data`` (as ``GET /report`` answers) as HTML to place in a page's body:
+    its tables and charts, and the definitions of its figures (no title)."""
     usage, waits, failures, stops = sections(data)
     parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{escape(title(data))}</title>",
-        f"<style>{STYLE}</style></head><body>",
-        f"<h1>{escape(title(data))}</h1>",
         f"<h2>{escape(usage.title)}</h2>",
         table_html(usage, total_last=bool(usage.rows)),
         '<div class="charts">',
@@ -204,5 +200,19 @@ def html_report(data: Mapping[str, Any]) -> str:
         parts += ["<h2>per attempt</h2>", records_html(data["records"])]
     parts.append("<h2>definitions</h2><dl>")
     parts += [f"<dt>{escape(t)}</dt><dd>{escape(d)}</dd>" for t, d in DEFINITIONS]
-    parts.append("</dl></body></html>\n")
+    parts.append("</dl>")
+    return "\n".join(parts)
+
+
+def html_report(data: Mapping[str, Any]) -> str:
+    """The report ``data`` (as ``GET /report`` answers) as one HTML document."""
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{escape(title(data))}</title>",
+        f"<style>{STYLE}</style></head><body>",
+        f"<h1>{escape(title(data))}</h1>",
+        report_body(data),
+        "</body></html>\n",
+    ]
     return "\n".join(parts)
