@@ -94,6 +94,10 @@ MATRIX: dict[str, dict[str, Cell]] = {
     "GET /": READ,
     "GET /ui/fragments/overview": READ,
     "GET /ui/reports": READ,
+    "GET /ui/admin": row((200, 200), (200, 200), (403, 403), (403, 403), (401, 401)),
+    "POST /ui/admin/tokens/{token_id}/revoke": row(
+        (200, 200), (200, 404), (403, 404), (403, 404), (401, 401)
+    ),
     "GET /ui/reports.csv": READ,
     "GET /ui/jobs/{job_id}": READ_OWN,
     "GET /ui/fragments/jobs/{job_id}": READ_OWN,
@@ -194,6 +198,11 @@ BUILD: dict[str, Callable[[World, str], Request]] = {
     "GET /ui/fragments/jobs/{job_id}": lambda w, t: (
         "GET",
         f"/ui/fragments/jobs/{w.job(t)}",
+        None,
+    ),
+    "POST /ui/admin/tokens/{token_id}/revoke": lambda w, t: (
+        "POST",
+        f"/ui/admin/tokens/{w.token(t)}/revoke",
         None,
     ),
     "POST /ui/jobs/{job_id}/cancel": lambda w, t: ("POST", f"/ui/jobs/{w.job(t)}/cancel", None),

@@ -105,6 +105,9 @@ def test_browser_sign_in_overview_waiting_reason_live_updates_and_cancel(
     page.get_by_role("button", name="Cancel job").click()
     expect(page.get_by_test_id("state")).to_contain_text("cancelled")
     expect(page.get_by_role("button", name="Cancel job")).to_have_count(0)
+    with AllotmentClient(up.url, up.config["token"]) as admin:  # audited as the API's are
+        [record] = admin.audit(action="job.cancel", object=victim["id"])["records"]
+    assert record["user"] == "vision-member" and record["result"] == "ok"
     shot(page, "job-cancelled")
     with AllotmentClient(up.url, tokens["vision"]) as vision:
         assert vision.get_job(victim["id"])["state"] == "cancelled"
@@ -142,6 +145,41 @@ def test_browser_reports_page_and_its_csv_are_the_same_figures_as_allot_report(
     answer = page.goto(f"{up.url}/ui/reports?since=yesterday")
     assert answer is not None and answer.status == 422
     expect(page.get_by_test_id("report-title")).to_contain_text("yesterday")
+
+
+def test_browser_admin_page_tokens_audit_chain_and_revoke(
+    deployment: tuple[Up, dict[str, str]], page: Page
+) -> None:
+    up, tokens = deployment
+    sign_in(page, up, up.config["token"])  # allot up's platform admin
+    page.get_by_role("link", name="Admin").click()
+    expect(page.get_by_role("heading", name="Admin")).to_be_visible()
+    row = page.locator("tr", has_text="nlp-member")
+    expect(row.get_by_test_id("token-state")).to_have_text("active")
+    expect(page.get_by_test_id("chain")).to_contain_text("hash chain intact")
+    expect(page.locator("#audit-h + p + form + table")).to_contain_text("token.create")
+    page.get_by_label("action").fill("token.create")
+    page.get_by_role("button", name="Filter").click()
+    expect(page).to_have_url(re.compile(r"action=token.create"))
+    shot(page, "admin")
+    page.once("dialog", lambda dialog: dialog.accept())
+    row.get_by_role("button", name="Revoke").click()
+    expect(page.locator("tr", has_text="nlp-member").get_by_test_id("token-state")).to_contain_text(
+        "revoked"
+    )
+    with AllotmentClient(up.url, tokens["nlp"]) as nlp, pytest.raises(Exception) as refused:
+        nlp.list_jobs()
+    assert "revoked" in str(refused.value)
+    with AllotmentClient(up.url, up.config["token"]) as admin:  # audited as the API's are
+        [record] = admin.audit(action="token.change")["records"]
+    assert record["user"] != "anonymous" and record["result"] == "ok"
+    # A member has no admin page, and no link to one.
+    member = page.context.browser.new_page()  # type: ignore[union-attr]
+    sign_in(member, up, tokens["vision"])
+    expect(member.get_by_role("link", name="Admin")).to_have_count(0)
+    answer = member.goto(f"{up.url}/ui/admin")
+    assert answer is not None and answer.status == 403
+    member.close()
 
 
 def test_browser_a_member_of_one_tenant_sees_none_of_another_tenants_jobs(

@@ -25,6 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from allotment.api import schemas
+from allotment.api.gate import UI_PREFIX
 from allotment.store import audit as audit_store
 from allotment.store.batching import GroupCommit
 from allotment.store.models import AuditRecord
@@ -74,10 +75,19 @@ ROUTES: tuple[Route, ...] = (
 SENSITIVE_READS = tuple(r for r in ROUTES if r.method == "GET")
 
 
-def classify(method: str, path: str) -> tuple[str, str] | None:
-    """``(action, object)`` for a request to ``path`` (under ``/api/v1``), or ``None``
-    when it is not audited."""
-    for route in ROUTES:
+UI_ROUTES: tuple[Route, ...] = (
+    _r("POST", r"/ui/jobs/([^/]+)/cancel", "job.cancel"),
+    _r("POST", r"/ui/admin/tokens/([^/]+)/revoke", "token.change"),
+)
+"""The dashboard's actions, recorded as the API's are; its pages are reads."""
+
+
+def classify(
+    method: str, path: str, *, routes: tuple[Route, ...] = ROUTES
+) -> tuple[str, str] | None:
+    """``(action, object)`` for a request to ``path`` (under ``/api/v1`` for
+    :data:`ROUTES`, whole for :data:`UI_ROUTES`), or ``None`` when it is not audited."""
+    for route in routes:
         if route.method not in (None, method):
             continue
         match = route.pattern.fullmatch(path)
@@ -143,11 +153,12 @@ class AuditTrail:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = str(scope.get("path", ""))
-        if scope["type"] != "http" or not path.startswith(API_PREFIX + "/"):
-            await self.app(scope, receive, send)
-            return
         method = str(scope.get("method", ""))
-        what = classify(method, path[len(API_PREFIX) :])
+        what = None
+        if scope["type"] == "http" and path.startswith(API_PREFIX + "/"):
+            what = classify(method, path[len(API_PREFIX) :])
+        elif scope["type"] == "http" and path.startswith(UI_PREFIX):
+            what = classify(method, path, routes=UI_ROUTES)
         if what is None:
             await self.app(scope, receive, send)
             return

@@ -8,6 +8,9 @@
 - ``/ui/reports`` — usage, cost, idle waste, waits, failures, preemptions and reclaims
   over a window, with charts (the same figures, tables and charts as ``allot report``),
   and ``/ui/reports.csv`` to download its usage rows;
+- ``/ui/admin`` — for platform and tenant admins: tokens (with a revoke button), the
+  audit trail with filters and the state of its hash chain, alerts with their webhook
+  deliveries;
 - ``/ui/fragments/...`` — the live parts of those pages, which htmx reloads every two
   seconds; ``POST /ui/jobs/<id>/cancel`` cancels and answers the job's live part.
 
@@ -28,8 +31,10 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from markupsafe import Markup
 
-from allotment.api import reports
+from allotment.accounting.report import parse_window
+from allotment.api import audit, reports
 from allotment.api.access import CurrentPrincipal, principal
+from allotment.api.alerts import alerts_page
 from allotment.api.auth import Principal
 from allotment.api.errors import status_for
 from allotment.api.gate import TOKEN_COOKIE
@@ -218,3 +223,63 @@ def reports_csv(
         media_type="text/csv; charset=utf-8",
         headers={"Content-Disposition": f'attachment; filename="allotment-report-by-{by}.csv"'},
     )
+
+
+AUDIT_SHOWN = 200
+
+
+@router.get("/ui/admin", response_class=HTMLResponse)
+def admin_page(
+    request: Request,
+    who: CurrentPrincipal,
+    since: Since = "24h",
+    user: Annotated[str | None, Query(max_length=128)] = None,
+    action: Annotated[str | None, Query(max_length=64)] = None,
+    object: Annotated[str | None, Query(max_length=512)] = None,
+) -> HTMLResponse:
+    """Tokens, the audit trail (filtered; its chain checked, for a platform admin) and
+    alerts with their deliveries, for platform and tenant admins: a tenant admin sees
+    its tenant's only."""
+    require(who, Action.TOKEN_READ)
+    svc = _service(request)
+    tenant = visible_tenant(who)
+    filters = {"since": since, "user": user, "action": action, "object": object}
+    problem = None
+    try:
+        start = parse_window(since, None, now=svc.clock()).since
+    except InvalidInput as exc:
+        problem, start = exc.message, None
+    records = audit.list_audit(
+        svc.sessions,
+        visible_tenant=tenant,
+        user=user or None,
+        tenant=None,
+        action=action or None,
+        object=object or None,
+        since=start,
+        until=None,
+        after=None,
+        limit=AUDIT_SHOWN,
+    ).records
+    verified = audit.verify_audit(svc.sessions) if may(who, Action.AUDIT_VERIFY) else None
+    page = render(
+        "admin.html",
+        who=who,
+        filters=filters,
+        problem=problem,
+        tokens=request.app.state.tokens.list(who).tokens,
+        records=records,
+        shown=AUDIT_SHOWN,
+        verified=verified,
+        alerts=alerts_page(
+            svc.sessions, tenant=tenant, kind=None, job=None, since=None, after=None, limit=50
+        ).alerts,
+    )
+    return HTMLResponse(page, status_code=422 if problem else 200)
+
+
+@router.post("/ui/admin/tokens/{token_id}/revoke", response_class=HTMLResponse)
+def revoke_token(request: Request, token_id: str, who: CurrentPrincipal) -> HTMLResponse:
+    """Revoke a token (as ``DELETE /api/v1/tokens/{id}`` does); answer its new row."""
+    token = request.app.state.tokens.revoke(who, token_id)
+    return HTMLResponse(render("token_row.html", token=token))

@@ -70,7 +70,8 @@ def presented_token(scope: Scope) -> str | None:
 
 
 class AfterWrite:
-    """Call ``hook`` after each successful write request under ``/api/v1``."""
+    """Call ``hook`` after each successful write request under ``/api/v1`` or of the
+    dashboard (``/ui/``)."""
 
     def __init__(self, app: ASGIApp, *, hook: Callable[[], None]) -> None:
         self.app = app
@@ -80,7 +81,7 @@ class AfterWrite:
         if (
             scope["type"] != "http"
             or scope.get("method") not in WRITE_METHODS
-            or not str(scope.get("path", "")).startswith(API_PREFIX)
+            or not str(scope.get("path", "")).startswith((API_PREFIX, UI_PREFIX))
         ):
             await self.app(scope, receive, send)
             return
