@@ -94,6 +94,8 @@ MATRIX: dict[str, dict[str, Cell]] = {
     "GET /": READ,
     "GET /ui/fragments/overview": READ,
     "GET /ui/reports": READ,
+    "GET /ui/queues/{name}": READ_OWN,
+    "GET /ui/fragments/queues/{name}": READ_OWN,
     "GET /ui/admin": row((200, 200), (200, 200), (403, 403), (403, 403), (401, 401)),
     "POST /ui/admin/tokens/{token_id}/revoke": row(
         (200, 200), (200, 404), (403, 404), (403, 404), (401, 401)
@@ -198,6 +200,12 @@ BUILD: dict[str, Callable[[World, str], Request]] = {
     "GET /ui/fragments/jobs/{job_id}": lambda w, t: (
         "GET",
         f"/ui/fragments/jobs/{w.job(t)}",
+        None,
+    ),
+    "GET /ui/queues/{name}": lambda w, t: ("GET", f"/ui/queues/{QUEUE[t]}", None),
+    "GET /ui/fragments/queues/{name}": lambda w, t: (
+        "GET",
+        f"/ui/fragments/queues/{QUEUE[t]}",
         None,
     ),
     "POST /ui/admin/tokens/{token_id}/revoke": lambda w, t: (

@@ -75,6 +75,16 @@ def test_browser_sign_in_overview_waiting_reason_live_updates_and_cancel(
     expect(page.get_by_test_id("waiting-count")).to_have_text("1")
     shot(page, "overview")
 
+    # Its queue's page: the line in order, with reasons and estimates; what runs.
+    page.get_by_role("link", name="train").first.click()
+    expect(page.get_by_role("heading", name=re.compile("Queue train"))).to_be_visible()
+    line = page.get_by_test_id("line")
+    expect(line).to_contain_text(waiting["id"])
+    expect(line.locator("tbody tr").first.locator("td").first).to_have_text("1")
+    expect(page.locator("#queue-running-h + table")).to_contain_text(blocker["id"])
+    shot(page, "queue")
+    page.go_back()
+
     # Open the waiting job from the overview and read why it waits.
     page.get_by_role("link", name=waiting["id"]).click()
     expect(page).to_have_url(f"{up.url}/ui/jobs/{waiting['id']}")

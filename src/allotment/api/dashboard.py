@@ -5,6 +5,9 @@
 - ``/ui/jobs/<id>`` — one job: state, the ``why`` answer, its timeline from the events,
   the tail of its first replica's output, its spec, and a cancel button for those who
   may cancel it;
+- ``/ui/queues/<name>`` — one queue: its quota and use per pool, its waiting jobs in the
+  order it would admit them with reason, position and estimated start, and its running
+  jobs with how long they have run and what they borrow;
 - ``/ui/reports`` — usage, cost, idle waste, waits, failures, preemptions and reclaims
   over a window, with charts (the same figures, tables and charts as ``allot report``),
   and ``/ui/reports.csv`` to download its usage rows;
@@ -32,17 +35,18 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from markupsafe import Markup
 
 from allotment.accounting.report import parse_window
-from allotment.api import audit, reports
+from allotment.api import audit, explain, reports
 from allotment.api.access import CurrentPrincipal, principal
 from allotment.api.alerts import alerts_page
 from allotment.api.auth import Principal
 from allotment.api.errors import status_for
 from allotment.api.gate import TOKEN_COOKIE
-from allotment.api.policy import Action, may, require, visible_tenant
+from allotment.api.policy import Action, Owned, may, require, visible_tenant
 from allotment.api.service import JobService, job_out
-from allotment.domain.errors import AllotmentError, InvalidInput
+from allotment.domain.errors import AllotmentError, InvalidInput, NotFound
 from allotment.domain.lifecycle import TERMINAL, JobState
 from allotment.store.jobs import list_jobs, recent_jobs
+from allotment.store.views import open_attempts
 from allotment.web.pages import render
 from allotment.web.report import csv_text, title
 from allotment.web.report_html import report_body
@@ -92,7 +96,7 @@ def _overview(svc: JobService, who: Principal) -> dict[str, Any]:
         active, waiting = jobs(ACTIVE), jobs(WAITING)
         ended = recent_jobs(db, tenant=tenant, states=ENDED, limit=20)
         finished = [job_out(j).model_dump() for j in ended]
-    queues = [q.model_dump() for q in svc.queues(tenant=tenant).queues]
+    queues = _tree(svc, tenant)
     return {
         "who": who,
         "now": svc.clock(),
@@ -145,6 +149,53 @@ def _job(svc: JobService, who: Principal, job_id: str) -> dict[str, Any]:
         "can_cancel": JobState(job["state"]) not in TERMINAL and may(who, Action.JOB_CANCEL, owned),
         "spec_text": json.dumps(job["spec"], indent=2),
     }
+
+
+def _queue(svc: JobService, who: Principal, name: str) -> dict[str, Any]:
+    """What a queue's page shows; raises ``NotFound`` for another tenant's queue."""
+    queue = svc.cluster.queues.get(name)
+    if queue is None:
+        raise NotFound("queue", name)
+    require(who, Action.QUEUE_READ, Owned(kind="queue", name=name, tenant=queue.tenant))
+    tenant = visible_tenant(who)
+    usage = [r for r in _queue_rows(_tree(svc, tenant)) if r["queue"]["name"] == name]
+    with svc.sessions() as db:
+        line = explain.queue_line(db, svc.cluster, name, now=svc.clock(), policy=svc.policy)
+        running = []
+        for job, attempt in open_attempts(db):
+            if job.queue == name:
+                start = attempt.start_time or job.updated_at
+                borrowed = {k: explain.natural(int(v)) for k, v in (attempt.borrowed or {}).items()}
+                running.append(
+                    {
+                        **job_out(job).model_dump(),
+                        "ran_s": svc.clock() - start,
+                        "borrowed": borrowed,
+                        "pool": attempt.pool,
+                    }
+                )
+    return {
+        "who": who,
+        "queue": queue,
+        "usage": usage,
+        "line": line,
+        "running": running,
+        "now": svc.clock(),
+    }
+
+
+def _tree(svc: JobService, tenant: str | None) -> list[dict[str, Any]]:
+    return [q.model_dump() for q in svc.queues(tenant=tenant).queues]
+
+
+@router.get("/ui/queues/{name}", response_class=HTMLResponse)
+def queue_page(request: Request, name: str, who: CurrentPrincipal) -> HTMLResponse:
+    return HTMLResponse(render("queue.html", **_queue(_service(request), who, name)))
+
+
+@router.get("/ui/fragments/queues/{name}", response_class=HTMLResponse)
+def queue_live(request: Request, name: str, who: CurrentPrincipal) -> HTMLResponse:
+    return HTMLResponse(render("queue_live.html", **_queue(_service(request), who, name)))
 
 
 @router.get("/ui/jobs/{job_id}", response_class=HTMLResponse)

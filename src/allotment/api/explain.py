@@ -23,7 +23,7 @@ from allotment.scheduler.eta import estimate_starts
 from allotment.scheduler.ordering import UNKNOWN_VALUE
 from allotment.scheduler.snapshot import PendingJob, RunningJob, SchedulerPolicy, Snapshot
 from allotment.store.allocations import placements_from_json
-from allotment.store.jobs import events_for, get_job
+from allotment.store.jobs import events_for, get_job, jobs_by_id
 from allotment.store.layout import replica_name
 from allotment.store.models import Attempt, Job
 from allotment.store.views import snapshot_from_store
@@ -205,3 +205,40 @@ def _placement(db: DbSession, job: Job) -> schemas.Placement | None:
             for p in placements
         ],
     )
+
+
+def queue_line(
+    db: DbSession,
+    cluster: Cluster,
+    queue: str,
+    *,
+    now: float,
+    policy: SchedulerPolicy | None = None,
+) -> list[dict[str, object]]:
+    """Queue ``queue``'s waiting jobs in the order it would admit them, each with
+    ``job``, ``reason`` (code and message), ``position`` and ``estimated_start``: what
+    ``why`` says of each, from one snapshot, one cycle and one estimate for all."""
+    snapshot = snapshot_from_store(db, cluster, now=now, policy=policy)
+    decisions = schedule_once(snapshot)
+    estimates = estimate_starts(snapshot)
+    order = decisions.queue_order.get(queue, [])
+    mine = {p.id for p in snapshot.pending if p.queue == queue}
+    ids = [j for j in order if j in mine] + sorted(mine - set(order))
+    jobs = {job.id: job for job in jobs_by_id(db, ids)}
+    line: list[dict[str, object]] = []
+    for position, job_id in enumerate(ids, start=1):
+        job = jobs.get(job_id)
+        if job is None:
+            continue
+        reason = _reason(job, decisions)
+        line.append(
+            {
+                "job": job_id,
+                "name": job.name,
+                "user": job.user,
+                "reason": reason.model_dump() if reason is not None else None,
+                "position": position if job_id in order else None,
+                "estimated_start": iso_utc(estimates.get(job_id)),
+            }
+        )
+    return line

@@ -33,6 +33,17 @@ def _num(value: float | int | None) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
 @cache
 def environment() -> Environment:
     env = Environment(
@@ -43,6 +54,7 @@ def environment() -> Environment:
     )
     env.filters["when"] = _when
     env.filters["num"] = _num
+    env.filters["duration"] = _duration
     macros = env.get_template("macros.html").module
     env.globals.update(bar=macros.bar, state=macros.state, jobs_table=macros.jobs_table)  # type: ignore[attr-defined]
     return env
