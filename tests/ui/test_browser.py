@@ -20,8 +20,9 @@ from tests.ui.conftest import shot
 
 # One node, one GPU: a second GPU job waits for the first.
 CLUSTER = """
-pools: [{name: local}]
+pools: [{name: local, price_per_gpu_hour: 2.5}]
 nodes: [{name: box, pool: local, capacity: {gpu: 1, cpu: 8, memory: 16Gi}}]
+telemetry: {source: fake, file: gpus.json, interval: 0.2s, aggregate: 0.5s, retention: 1h}
 tenants: [{name: vision}, {name: nlp}]
 queues:
   - {name: train, tenant: vision, quota: {local: {gpu: 1}}}
@@ -44,6 +45,7 @@ def job(name: str, *, seconds: float, queue: str = "train", gpus: int = 1) -> st
 @pytest.fixture
 def deployment(up: Up) -> tuple[Up, dict[str, str]]:
     (up.root / "cluster.yaml").write_text(CLUSTER)
+    (up.root / "gpus.json").write_text(json.dumps({"box/0": {"utilization": 40}}))
     up.start("-f", str(up.root / "cluster.yaml"))
     with up.client() as admin:
         tokens = {
@@ -73,6 +75,7 @@ def test_browser_sign_in_overview_waiting_reason_live_updates_and_cancel(
     expect(page.get_by_role("heading", name="GPUs by pool")).to_be_visible()
     expect(page.get_by_test_id("running-count")).to_have_text("1")
     expect(page.get_by_test_id("waiting-count")).to_have_text("1")
+    expect(page.get_by_role("img", name=re.compile("mean GPU utilisation"))).to_be_visible()
     shot(page, "overview")
 
     # Its queue's page: the line in order, with reasons and estimates; what runs.
@@ -100,6 +103,8 @@ def test_browser_sign_in_overview_waiting_reason_live_updates_and_cancel(
     with AllotmentClient(up.url, tokens["vision"]) as vision:
         vision.cancel(blocker["id"])
     expect(page.get_by_test_id("state")).to_have_text("running", timeout=30_000)
+    expect(page.get_by_role("img", name=re.compile("GPU utilisation"))).to_be_visible()
+    expect(page.get_by_test_id("cost")).to_contain_text("per GPU-hour")
     expect(page.get_by_test_id("state")).to_have_text("succeeded", timeout=30_000)
     expect(page.get_by_test_id("log")).to_contain_text("hello from follower")
     assert page.evaluate("window.stayed") is True  # the same page: nothing reloaded it

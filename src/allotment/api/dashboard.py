@@ -33,6 +33,7 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from markupsafe import Markup
+from sqlalchemy import func, select
 
 from allotment.accounting.report import parse_window
 from allotment.api import audit, explain, reports
@@ -45,7 +46,11 @@ from allotment.api.policy import Action, Owned, may, require, visible_tenant
 from allotment.api.service import JobService, job_out
 from allotment.domain.errors import AllotmentError, InvalidInput, NotFound
 from allotment.domain.lifecycle import TERMINAL, JobState
+from allotment.domain.resources import GPU
+from allotment.store.allocations import placements_from_json
 from allotment.store.jobs import list_jobs, recent_jobs
+from allotment.store.models import Attempt, DeviceUsage
+from allotment.store.usage import job_usage_rows
 from allotment.store.views import open_attempts
 from allotment.web.pages import render
 from allotment.web.report import csv_text, title
@@ -66,6 +71,10 @@ SHOWN = 200
 """At most this many jobs per section."""
 LOG_TAIL = 4000
 """Characters of output shown on a job's page."""
+USAGE_POINTS = 720
+"""Most points of a utilisation chart."""
+UTILISATION_WINDOW_S = 6 * 3600
+"""The overview's utilisation chart spans this much."""
 
 
 def _service(request: Request) -> JobService:
@@ -105,6 +114,7 @@ def _overview(svc: JobService, who: Principal) -> dict[str, Any]:
         "active": active,
         "waiting": waiting,
         "finished": finished,
+        "utilisation": _utilisation(svc),
     }
 
 
@@ -139,9 +149,12 @@ def _job(svc: JobService, who: Principal, job_id: str) -> dict[str, Any]:
         tail, replica = chunk.data[-LOG_TAIL:], chunk.replica
     except AllotmentError:  # no such replica (yet): nothing to show
         tail, replica = "", None
+    usage, cost = _job_usage(svc, job_id, job["attempt"])
     return {
         "who": who,
         "job": job,
+        "usage": usage,
+        "cost": cost,
         "why": why,
         "events": [e.model_dump() for e in svc.events(job_id=job_id).events],
         "log_tail": tail,
@@ -149,6 +162,51 @@ def _job(svc: JobService, who: Principal, job_id: str) -> dict[str, Any]:
         "can_cancel": JobState(job["state"]) not in TERMINAL and may(who, Action.JOB_CANCEL, owned),
         "spec_text": json.dumps(job["spec"], indent=2),
     }
+
+
+def _job_usage(
+    svc: JobService, job_id: str, attempt_no: int
+) -> tuple[list[tuple[float, float]], dict[str, Any] | None]:
+    """The attempt's GPU utilisation over time (mean of its GPUs per interval, from
+    telemetry) and its cost so far: GPUs held x hours x the pool's price per GPU-hour."""
+    if attempt_no == 0:
+        return [], None
+    with svc.sessions() as db:
+        attempt = db.get(Attempt, (job_id, attempt_no))
+        if attempt is None:
+            return [], None
+        rows = job_usage_rows(db, [(job_id, attempt_no)], since=0.0)[(job_id, attempt_no)]
+        points = [
+            (r.interval_start + r.interval_s, float(r.gpu_util_avg))
+            for r in rows[-USAGE_POINTS:]
+            if r.gpu_util_avg is not None
+        ]
+        gpus = sum(
+            explain.natural(p.resources.get(GPU, 0))
+            for p in placements_from_json(attempt.allocation)
+        )
+        start = attempt.start_time
+        end = attempt.end_time if attempt.end_time is not None else svc.clock()
+    pool = svc.cluster.pools.get(attempt.pool or "")
+    price = pool.price_per_gpu_hour if pool is not None else 0.0
+    hours = max(0.0, end - start) / 3600 if start is not None else 0.0
+    cost = {"gpus": gpus, "hours": hours, "price": price, "cost": gpus * hours * price}
+    return points, cost
+
+
+def _utilisation(svc: JobService) -> list[tuple[float, float]]:
+    """The fleet's mean GPU utilisation per sampled interval over the last
+    :data:`UTILISATION_WINDOW_S` (from telemetry)."""
+    since = svc.clock() - UTILISATION_WINDOW_S
+    with svc.sessions() as db:
+        rows = db.execute(
+            select(DeviceUsage.interval_start, func.avg(DeviceUsage.util_avg))
+            .where(DeviceUsage.interval_start >= since, DeviceUsage.util_avg.is_not(None))
+            .group_by(DeviceUsage.interval_start)
+            .order_by(DeviceUsage.interval_start.desc())
+            .limit(USAGE_POINTS)
+        ).all()
+    return [(float(at), float(util)) for at, util in reversed(rows)]
 
 
 def _queue(svc: JobService, who: Principal, name: str) -> dict[str, Any]:

@@ -10,11 +10,13 @@ so that they show exactly what the API says.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
 
 HERE = Path(__file__).resolve().parent
 STATIC = HERE / "static"
@@ -44,6 +46,25 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
+def sparkline(points: Sequence[tuple[float, float]], *, top: float, label: str) -> Markup:
+    """A small line chart (inline SVG) of ``(time, value)`` points on ``0..top``; numbers
+    only, so nothing in it needs escaping but ``label``."""
+    if len(points) < 2 or top <= 0:
+        return Markup('<p class="empty">{}</p>').format("not enough samples yet")
+    first, last = points[0][0], points[-1][0]
+    span = max(last - first, 1e-9)
+    width, height = 600.0, 60.0
+    coords = " ".join(
+        f"{(t - first) / span * width:.1f},{height - min(v, top) / top * height:.1f}"
+        for t, v in points
+    )
+    return Markup(
+        '<svg class="spark" viewBox="0 0 {w:.0f} {h:.0f}" preserveAspectRatio="none" '
+        'role="img" aria-label="{label}"><polyline fill="none" stroke="currentColor" '
+        'stroke-width="1.5" vector-effect="non-scaling-stroke" points="{coords}"/></svg>'
+    ).format(w=width, h=height, label=label, coords=coords)
+
+
 @cache
 def environment() -> Environment:
     env = Environment(
@@ -55,6 +76,7 @@ def environment() -> Environment:
     env.filters["when"] = _when
     env.filters["num"] = _num
     env.filters["duration"] = _duration
+    env.globals["sparkline"] = sparkline
     macros = env.get_template("macros.html").module
     env.globals.update(bar=macros.bar, state=macros.state, jobs_table=macros.jobs_table)  # type: ignore[attr-defined]
     return env
