@@ -211,6 +211,14 @@ def test_browser_a_member_of_one_tenant_sees_none_of_another_tenants_jobs(
     assert theirs["id"] not in content and "vision-secret" not in content
     assert not re.search(r"\btrain\b", page.locator("#queues-h + table").inner_text())
     shot(page, "overview-other-tenant")
+    # A laptop's screen and a wide monitor: nothing runs off the page sideways.
+    for path in ("/", f"/ui/jobs/{mine['id']}", "/ui/queues/nlp-q", "/ui/reports"):
+        page.goto(up.url + path)
+        for width, height in ((1280, 720), (1920, 1080), (900, 700)):
+            page.set_viewport_size({"width": width, "height": height})
+            overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+            assert overflow <= 0, (path, width, overflow)
+    shot(page, "reports-narrow")
     answer = page.goto(f"{up.url}/ui/jobs/{theirs['id']}")
     assert answer is not None and answer.status == 404
     assert "vision-secret" not in page.content()
