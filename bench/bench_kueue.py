@@ -50,6 +50,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from allotment.api.app import create_app
+from allotment.api.auth import StoreTokens, new_token, token_digest
 from allotment.api.serving import serve_in_thread
 from allotment.client import AllotmentClient
 from allotment.control.loop import ControlLoop
@@ -61,6 +62,7 @@ from allotment.executors.timed import RUNTIME_ENV, TimedExecutor
 from allotment.store import migrate
 from allotment.store.db import make_engine, session_factory
 from allotment.store.models import Event, Job
+from allotment.store.tokens import create_token
 
 KUEUE_MEAN_DRAIN_S = 351.0
 """Kueue's published mean time to drain the baseline."""
@@ -106,6 +108,9 @@ class Config:
     tick_s: float = 0.02
     """The runner's longest sleep between turns (completions are seen on the next turn)."""
     db_url: str | None = None
+    tokens: bool = False
+    """Burst: clients send an API token from the store (authenticated per request, as
+    ``allot up`` does) instead of running without authentication."""
     timeout_s: float = 1_800.0
 
     @property
@@ -245,11 +250,18 @@ class Tally:
 
 
 def _client(
-    url: str, items: list[Item], batch: int, ready: Any, go: Any, start: list[float], tally: Tally
+    url: str,
+    items: list[Item],
+    batch: int,
+    ready: Any,
+    go: Any,
+    start: list[float],
+    tally: Tally,
+    token: str | None = None,
 ) -> None:
     """One client: connects, waits for ``go``, then submits ``items`` (sorted by offset)
     when due, up to ``batch`` of the already due ones per request."""
-    with AllotmentClient(url, timeout=300) as client:
+    with AllotmentClient(url, token, timeout=300) as client:
         client.health()  # connected before the clock starts
         ready()
         go()
@@ -285,13 +297,14 @@ def _client_threads(
     ready: Callable[[], None],
     go: Callable[[], None],
     start: list[float],
+    token: str | None = None,
 ) -> Tally:
     """``threads`` clients on this process, each with every ``threads``-th item."""
     tally = Tally()
     workers = [
         threading.Thread(
             target=_client,
-            args=(url, items[k::threads], batch, ready, go, start, tally),
+            args=(url, items[k::threads], batch, ready, go, start, tally, token),
             name=f"bench-client-{k}",
             daemon=True,
         )
@@ -305,7 +318,14 @@ def _client_threads(
 
 
 def _client_process(
-    url: str, items: list[Item], threads: int, batch: int, ready: Any, go: Any, out: Any
+    url: str,
+    items: list[Item],
+    threads: int,
+    batch: int,
+    ready: Any,
+    go: Any,
+    out: Any,
+    token: str | None = None,
 ) -> None:
     """A client process (spawned): ``threads`` clients; puts ``(submitted, errors)``."""
     start = [0.0]
@@ -314,7 +334,7 @@ def _client_process(
         go.wait()
         start[0] = go.time.value
 
-    tally = _client_threads(url, items, threads, batch, ready.release, wait_go, start)
+    tally = _client_threads(url, items, threads, batch, ready.release, wait_go, start, token)
     out.put((tally.submitted, tally.errors[:20], len(tally.errors)))
 
 
@@ -334,7 +354,14 @@ class _Go:
 
 
 def submit_all(
-    url: str, items: list[Item], *, procs: int, threads: int, batch: int, lead_s: float = 0.2
+    url: str,
+    items: list[Item],
+    *,
+    procs: int,
+    threads: int,
+    batch: int,
+    lead_s: float = 0.2,
+    token: str | None = None,
 ) -> tuple[int, list[str], float]:
     """Submit ``items`` through the API with ``threads`` clients in all, spread over
     ``procs`` spawned processes (0: threads of this process), ``batch`` jobs per request
@@ -351,7 +378,7 @@ def submit_all(
 
         runner = threading.Thread(
             target=lambda: results.append(
-                _client_threads(url, items, threads, batch, ready.release, wait_go, start)
+                _client_threads(url, items, threads, batch, ready.release, wait_go, start, token)
             ),
             daemon=True,
         )
@@ -372,7 +399,7 @@ def submit_all(
     workers = [
         ctx.Process(
             target=_client_process,
-            args=(url, items[p::procs], per, batch, ready_sem, go, out),
+            args=(url, items[p::procs], per, batch, ready_sem, go, out, token),
             daemon=True,
         )
         for p in range(procs)
@@ -554,7 +581,10 @@ def run_burst(config: Config, *, clients: int, jobs: int) -> float:
     cluster = load_cluster_text(cluster_yaml(config), source="bench")
     texts = [job_text(q, k, i) for i, (q, k) in enumerate(_cycle(config, jobs))]
     with store(config.db_url) as (sessions, _tmp):
-        app = create_app(cluster=cluster, store_sessions=sessions, clock=time.time)
+        token, authenticator = _token(sessions) if config.tokens else (None, None)
+        app = create_app(
+            cluster=cluster, store_sessions=sessions, clock=time.time, authenticator=authenticator
+        )
         with serve(app) as url:
             submitted, errors, elapsed = submit_all(
                 url,
@@ -562,6 +592,7 @@ def run_burst(config: Config, *, clients: int, jobs: int) -> float:
                 procs=config.client_procs,
                 threads=clients,
                 batch=config.batch,
+                token=token,
             )
         if errors:
             raise RuntimeError(f"{len(errors)} submissions failed, first: {errors[0]}")
@@ -570,6 +601,24 @@ def run_burst(config: Config, *, clients: int, jobs: int) -> float:
         if stored != jobs or submitted != jobs:
             raise RuntimeError(f"{jobs} to submit, {submitted} accepted, {stored} stored")
     return jobs / elapsed
+
+
+def _token(sessions: sessionmaker[Session]) -> tuple[str, StoreTokens]:
+    """A platform admin's API token in the store, and the authenticator ``allot up``
+    uses for such tokens."""
+    token = new_token()
+    with sessions.begin() as db:
+        create_token(
+            db,
+            digest=token_digest(token),
+            user="bench",
+            tenant=None,
+            role="admin",
+            created_by="bench",
+            at=time.time(),
+            expires_at=None,
+        )
+    return token, StoreTokens(sessions, clock=time.time)
 
 
 def _cycle(config: Config, n: int) -> Iterator[tuple[str, JobClass]]:
@@ -638,6 +687,11 @@ def main(argv: list[str] | None = None) -> int:
         "--burst-clients", default="8,16,32", help="comma-separated concurrency levels"
     )
     parser.add_argument("--burst-jobs", type=int, default=3_000)
+    parser.add_argument(
+        "--tokens",
+        action="store_true",
+        help="burst: clients authenticate with an API token from the store",
+    )
     parser.add_argument("--repeat", type=int, default=3, help="burst runs per level")
     parser.add_argument(
         "--profile", action="store_true", help="cProfile the control loop's thread (drain)"
@@ -653,6 +707,7 @@ def main(argv: list[str] | None = None) -> int:
         tick_s=args.tick,
         node_gpus=args.node_gpus,
         db_url=args.db,
+        tokens=args.tokens,
     )
     share = 0.1 if args.quick else args.share
     if share != 1.0:

@@ -11,7 +11,7 @@ from fastapi.staticfiles import StaticFiles
 from sqlalchemy.orm import Session, sessionmaker
 
 from allotment.api.audit import AuditTrail
-from allotment.api.auth import Authenticator
+from allotment.api.auth import Authenticator, forget_tokens
 from allotment.api.dashboard import router as dashboard_router
 from allotment.api.errors import install_error_handlers
 from allotment.api.gate import AfterWrite
@@ -89,7 +89,10 @@ def create_app(
     app.state.traffic = traffic if traffic is not None else ServiceTraffic()
     app.state.upstreams = Upstreams()
     app.state.tokens = TokenService(
-        cluster=lambda: app.state.service.cluster, sessions=store_sessions, clock=clock
+        cluster=lambda: app.state.service.cluster,
+        sessions=store_sessions,
+        clock=clock,
+        on_revoke=lambda: forget_tokens(authenticator),
     )
     app.state.authenticator = authenticator
     app.state.on_cluster_change = None

@@ -9,7 +9,11 @@ no longer counts (expired, revoked). Implementations here: the store's API token
 verifier would be one more implementation.
 
 Tokens are high-entropy random strings; only their SHA-256 is stored, and digests are
-compared in constant time.
+compared in constant time. A store token found valid is remembered for
+:data:`TOKEN_CACHE_S` (a request then needs no store read to authenticate); revoking a
+token through this server forgets every remembered one at once (:meth:`StoreTokens.forget`),
+so a revoked token can pass only on another server, and only for that long. Expiry is
+checked on every request.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -26,6 +33,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from allotment.domain.errors import Unauthenticated
 from allotment.domain.tenancy import Role
 from allotment.store.tokens import token_by_digest
+
+TOKEN_CACHE_S = 2.0
+"""How long a store token found valid is remembered."""
+TOKEN_CACHE_SIZE = 10_000
+"""Most tokens remembered at once (the least recently used are forgotten first)."""
 
 TOKEN_PREFIX = "allot_"
 TOKEN_BYTES = 32
@@ -86,21 +98,68 @@ class AdminDigest:
 class StoreTokens:
     """The API tokens in the store (see :mod:`allotment.store.tokens`)."""
 
-    def __init__(self, sessions: sessionmaker[Session], *, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        *,
+        clock: Callable[[], float],
+        cache_s: float = TOKEN_CACHE_S,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.sessions = sessions
         self.clock = clock
+        self.cache_s = cache_s
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._known: OrderedDict[str, tuple[float, Principal, float | None]] = OrderedDict()
+        """digest -> (when found valid, its principal, when it expires)."""
 
     def authenticate(self, token: str) -> Principal | None:
         digest = token_digest(token)
+        found = self._remembered(digest)
+        if found is not None:
+            return found
+        principal, expires_at = self._read(digest)
+        if principal is not None and self.cache_s > 0:
+            with self._lock:
+                self._known[digest] = (self._monotonic(), principal, expires_at)
+                self._known.move_to_end(digest)
+                while len(self._known) > TOKEN_CACHE_SIZE:
+                    self._known.popitem(last=False)
+        return principal
+
+    def forget(self) -> None:
+        """Forget every token remembered (a token was revoked)."""
+        with self._lock:
+            self._known.clear()
+
+    def _remembered(self, digest: str) -> Principal | None:
+        with self._lock:
+            hit = self._known.get(digest)
+            if hit is None:
+                return None
+            found_at, principal, expires_at = hit
+            if self._monotonic() - found_at >= self.cache_s or (
+                expires_at is not None and expires_at <= self.clock()
+            ):
+                del self._known[digest]  # read it again: it may have expired or been revoked
+                return None
+            self._known.move_to_end(digest)
+            return principal
+
+    def _read(self, digest: str) -> tuple[Principal | None, float | None]:
         with self.sessions() as db:
             row = token_by_digest(db, digest)
             if row is None or not hmac.compare_digest(row.digest, digest):
-                return None
+                return None, None
             if row.revoked_at is not None:
                 raise Unauthenticated("revoked", f"the token {row.id} has been revoked")
             if row.expires_at is not None and row.expires_at <= self.clock():
                 raise Unauthenticated("expired", f"the token {row.id} has expired")
-            return Principal(user=row.user, tenant=row.tenant, role=Role(row.role), token_id=row.id)
+            principal = Principal(
+                user=row.user, tenant=row.tenant, role=Role(row.role), token_id=row.id
+            )
+            return principal, row.expires_at
 
 
 class FirstOf:
@@ -115,6 +174,17 @@ class FirstOf:
             if found is not None:
                 return found
         return None
+
+    def forget(self) -> None:
+        for authenticator in self.authenticators:
+            forget_tokens(authenticator)
+
+
+def forget_tokens(authenticator: Authenticator | None) -> None:
+    """Have ``authenticator`` forget the tokens it remembers, if it remembers any."""
+    forget = getattr(authenticator, "forget", None)
+    if callable(forget):
+        forget()
 
 
 def authenticate(authenticator: Authenticator | None, token: str | None) -> Principal:

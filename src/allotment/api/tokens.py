@@ -52,10 +52,13 @@ class TokenService:
         cluster: Callable[[], Cluster],
         sessions: sessionmaker[Session],
         clock: Callable[[], float],
+        on_revoke: Callable[[], None] = lambda: None,
     ) -> None:
         self.cluster = cluster
         self.sessions = sessions
         self.clock = clock
+        self.on_revoke = on_revoke
+        """Called after a token was revoked (the authenticator forgets what it remembers)."""
 
     def issue(self, principal: Principal, request: schemas.TokenCreate) -> schemas.TokenIssued:
         """A new token for ``request.user`` in ``request.tenant``. The role defaults to
@@ -134,4 +137,6 @@ class TokenService:
         with self.sessions.begin() as db:
             row = token_store.get_token(db, token_id)
             require(principal, Action.TOKEN_MANAGE, _owned(row))
-            return token_out(token_store.revoke_token(db, token_id, at=self.clock()))
+            out = token_out(token_store.revoke_token(db, token_id, at=self.clock()))
+        self.on_revoke()
+        return out
