@@ -52,6 +52,11 @@ def test_burst_stores_every_submission() -> None:
     assert run_burst(TINY, clients=3, jobs=12) > 0  # raises if one is lost
 
 
+def test_burst_with_api_tokens_stores_every_submission() -> None:
+    config = replace(TINY, tokens=True, client_procs=1)
+    assert run_burst(config, clients=3, jobs=12) > 0  # raises if one is refused or lost
+
+
 def test_burst_from_client_processes_in_batches_stores_every_submission() -> None:
     config = replace(TINY, client_procs=2, batch=5)
     assert run_burst(config, clients=4, jobs=23) > 0  # raises if one is lost
