@@ -187,11 +187,7 @@ def run(
     token: TokenOption = None,
 ) -> None:
     """Submit a command as a job: allot run --gpus 1 -- python train.py; prints the id."""
-    resources: dict[str, Any] = {"gpu": int(gpus) if gpus == int(gpus) else gpus}
-    if cpu is not None:
-        resources["cpu"] = cpu
-    if memory is not None:
-        resources["memory"] = memory
+    resources = replica_resources(gpus, cpu, memory)
     spec: dict[str, Any] = {
         "name": name or Path(command[0]).name[:128] or "job",
         "queue": queue,
@@ -216,6 +212,16 @@ def run(
         print_json(job)
     else:
         typer.echo(job["id"])
+
+
+def replica_resources(gpus: float, cpu: str | None, memory: str | None) -> dict[str, Any]:
+    """One replica's ``resources`` from the ``--gpus``, ``--cpu`` and ``--memory`` options."""
+    resources: dict[str, Any] = {"gpu": int(gpus) if gpus == int(gpus) else gpus}
+    if cpu is not None:
+        resources["cpu"] = cpu
+    if memory is not None:
+        resources["memory"] = memory
+    return resources
 
 
 def _mount(text: str) -> dict[str, Any]:

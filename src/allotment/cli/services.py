@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from allotment.cli.common import Output, OutputOption, console, print_json
-from allotment.cli.live import TokenOption, UrlOption, connect
+from allotment.cli.live import TokenOption, UrlOption, connect, replica_resources
 from allotment.cli.live_render import ago, fitted_table, notebook_url, plain
 from allotment.client import AllotmentClient
 from allotment.domain.errors import InvalidInput
@@ -143,11 +143,7 @@ def notebook(
     token: TokenOption = None,
 ) -> None:
     """Start a JupyterLab notebook as a job; prints its id and its URL."""
-    resources: dict[str, Any] = {"gpu": int(gpus) if gpus == int(gpus) else gpus}
-    if cpu is not None:
-        resources["cpu"] = cpu
-    if memory is not None:
-        resources["memory"] = memory
+    resources = replica_resources(gpus, cpu, memory)
     settings = {k: v for k, v in (("ttl", ttl), ("idle_timeout", idle_timeout)) if v}
     spec: dict[str, Any] = {
         "name": name,
