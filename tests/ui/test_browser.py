@@ -76,6 +76,8 @@ def test_browser_sign_in_overview_waiting_reason_live_updates_and_cancel(
     expect(page.get_by_test_id("running-count")).to_have_text("1")
     expect(page.get_by_test_id("waiting-count")).to_have_text("1")
     expect(page.get_by_role("img", name=re.compile("mean GPU utilisation"))).to_be_visible()
+    expect(page.get_by_test_id("in-use-local")).to_have_text("1", timeout=15_000)  # 40% busy
+    expect(page.get_by_role("heading", name="Recent alerts")).to_be_visible()
     shot(page, "overview")
 
     # Its queue's page: the line in order, with reasons and estimates; what runs.

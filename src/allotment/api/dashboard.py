@@ -49,7 +49,7 @@ from allotment.domain.lifecycle import TERMINAL, JobState
 from allotment.domain.resources import GPU
 from allotment.store.allocations import placements_from_json
 from allotment.store.jobs import list_jobs, recent_jobs
-from allotment.store.models import Attempt, DeviceUsage
+from allotment.store.models import Alert, Attempt, DeviceUsage
 from allotment.store.usage import job_usage_rows
 from allotment.store.views import open_attempts
 from allotment.web.pages import render
@@ -75,6 +75,11 @@ USAGE_POINTS = 720
 """Most points of a utilisation chart."""
 UTILISATION_WINDOW_S = 6 * 3600
 """The overview's utilisation chart spans this much."""
+FRESH_S = 600.0
+"""A GPU's newest telemetry counts for the overview when no older than this."""
+BUSY_PCT = 5.0
+"""A GPU at or above this utilisation counts as in use."""
+ALERTS_SHOWN = 5
 
 
 def _service(request: Request) -> JobService:
@@ -115,6 +120,8 @@ def _overview(svc: JobService, who: Principal) -> dict[str, Any]:
         "waiting": waiting,
         "finished": finished,
         "utilisation": _utilisation(svc),
+        "busy": _busy_by_pool(svc),
+        "alerts": _recent_alerts(svc, tenant),
     }
 
 
@@ -207,6 +214,52 @@ def _utilisation(svc: JobService) -> list[tuple[float, float]]:
             .limit(USAGE_POINTS)
         ).all()
     return [(float(at), float(util)) for at, util in reversed(rows)]
+
+
+def _busy_by_pool(svc: JobService) -> dict[str, dict[str, int]]:
+    """Per pool, from each GPU's newest telemetry interval of the last
+    :data:`FRESH_S`: how many GPUs were measured and how many of them were busy
+    (utilisation at least :data:`BUSY_PCT`)."""
+    since = svc.clock() - FRESH_S
+    newest = (
+        select(
+            DeviceUsage.node,
+            DeviceUsage.device,
+            func.max(DeviceUsage.interval_start).label("start"),
+        )
+        .where(DeviceUsage.interval_start >= since)
+        .group_by(DeviceUsage.node, DeviceUsage.device)
+        .subquery()
+    )
+    query = select(DeviceUsage.node, DeviceUsage.util_max).join(
+        newest,
+        (DeviceUsage.node == newest.c.node)
+        & (DeviceUsage.device == newest.c.device)
+        & (DeviceUsage.interval_start == newest.c.start),
+    )
+    nodes = svc.cluster.nodes
+    out: dict[str, dict[str, int]] = {}
+    with svc.sessions() as db:
+        for node, util in db.execute(query):
+            found = nodes.get(node)
+            if found is None or util is None:
+                continue
+            figures = out.setdefault(found.pool, {"measured": 0, "busy": 0})
+            figures["measured"] += 1
+            figures["busy"] += int(util >= BUSY_PCT)
+    return out
+
+
+def _recent_alerts(svc: JobService, tenant: str | None) -> list[dict[str, Any]]:
+    """The newest :data:`ALERTS_SHOWN` alerts ``tenant`` may see (all for ``None``)."""
+    query = select(Alert).order_by(Alert.id.desc()).limit(ALERTS_SHOWN)
+    if tenant is not None:
+        query = query.where(Alert.tenant == tenant)
+    with svc.sessions() as db:
+        return [
+            {"id": a.id, "at": a.at, "kind": a.kind, "job": a.job_id, "message": a.message}
+            for a in db.scalars(query)
+        ]
 
 
 def _queue(svc: JobService, who: Principal, name: str) -> dict[str, Any]:
