@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from allotment.api.logs import read_log
 from allotment.client import AllotmentClient, ClientError
 from allotment.domain.lifecycle import JobState
 from allotment.domain.reasons import ReasonCode
@@ -113,6 +114,22 @@ def test_logs_page_through_a_finished_job(live: Live, api: AllotmentClient) -> N
         assert page["next_offset"] > offset
         offset = page["next_offset"]
     assert text == "hello from out\nünïcode\n"
+
+    # The tail (the dashboard's job page): the last bytes, from a whole character on.
+    with live.sessions() as db:
+        for back, tail in ((5, "code\n"), (6, "code\n"), (8, "nïcode\n"), (100, text)):
+            chunk = read_log(
+                db,
+                live.work_root,
+                job,
+                attempt=None,
+                replica=None,
+                stream="out",
+                offset=back,
+                limit=back,
+                from_end=True,
+            )
+            assert chunk.data == tail and chunk.eof
 
     with pytest.raises(ClientError) as caught:
         api.logs(job, replica="worker-7")

@@ -69,8 +69,8 @@ ENDED = (
 )
 SHOWN = 200
 """At most this many jobs per section."""
-LOG_TAIL = 4000
-"""Characters of output shown on a job's page."""
+LOG_TAIL = 4096
+"""Bytes of output (the last) shown on a job's page."""
 USAGE_POINTS = 720
 """Most points of a utilisation chart."""
 UTILISATION_WINDOW_S = 6 * 3600
@@ -151,9 +151,15 @@ def _job(svc: JobService, who: Principal, job_id: str) -> dict[str, Any]:
         why = svc.why(job_id=job_id, tenant=visible_tenant(who)).model_dump()
     try:
         chunk = svc.logs(
-            job_id=job_id, attempt=None, replica=None, stream="out", offset=0, limit=1 << 20
+            job_id=job_id,
+            attempt=None,
+            replica=None,
+            stream="out",
+            offset=LOG_TAIL,
+            limit=LOG_TAIL,
+            from_end=True,
         )
-        tail, replica = chunk.data[-LOG_TAIL:], chunk.replica
+        tail, replica = chunk.data, chunk.replica
     except AllotmentError:  # no such replica (yet): nothing to show
         tail, replica = "", None
     usage, cost = _job_usage(svc, job_id, job["attempt"])

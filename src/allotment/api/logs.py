@@ -34,8 +34,11 @@ def read_log(
     stream: Stream,
     offset: int,
     limit: int,
+    from_end: bool = False,
 ) -> schemas.LogChunk:
-    """Up to ``limit`` bytes of one replica's ``stream`` from ``offset``.
+    """Up to ``limit`` bytes of one replica's ``stream`` from ``offset`` (with
+    ``from_end``, from ``offset`` bytes before its end: its tail, starting at a whole
+    character).
 
     ``attempt`` defaults to the latest, ``replica`` to the attempt's first. A job that
     has not started yet answers no data (``attempt`` 0; ``eof`` once it ended). Raises
@@ -83,9 +86,13 @@ def read_log(
     if path.is_file():
         with path.open("rb") as file:
             size = file.seek(0, 2)
+            if from_end:
+                offset = max(0, size - offset)
             if offset < size:
                 file.seek(offset)
                 data = file.read(min(limit, MAX_CHUNK))
+            while from_end and data and data[0] & 0xC0 == 0x80:  # inside a character
+                data, offset = data[1:], offset + 1
     text, used = _decode(data, final=ended and offset + len(data) >= size)
     next_offset = offset + used
     return schemas.LogChunk(

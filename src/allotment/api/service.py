@@ -426,6 +426,7 @@ class JobService:
         stream: Stream,
         offset: int,
         limit: int,
+        from_end: bool = False,
     ) -> schemas.LogChunk:
         """A chunk of one replica's log; see :func:`allotment.api.logs.read_log`."""
         with self.sessions() as session:
@@ -438,6 +439,7 @@ class JobService:
                 stream=stream,
                 offset=offset,
                 limit=limit,
+                from_end=from_end,
             )
 
     def cluster_text(self) -> schemas.ClusterText:

@@ -318,7 +318,7 @@ class ServiceController:
             records.append(record)
         service.desired = self._wanted(service, settings, now)
         acted = self._scale(db, service, settings, records, jobs, now) or acted
-        self._set_reason(db, service, settings, records, last_failure, now)
+        self._set_reason(service, settings, records, jobs, last_failure, now)
         if records != service.replicas:
             service.replicas = records
             service.updated_at = now
@@ -440,10 +440,10 @@ class ServiceController:
 
     def _set_reason(
         self,
-        db: DbSession,
         service: Service,
         settings: ServiceSettings,
         records: list[dict[str, Any]],
+        jobs: dict[str, Job],
         last_failure: Job | None,
         now: float,
     ) -> None:
@@ -464,7 +464,7 @@ class ServiceController:
             waiting = [r for r in live if not r.get("ready")]
             code = "scaling"
             message = f"{ready} of {service.desired} replicas ready"
-            job = db.get(Job, waiting[0]["job"]) if waiting else None
+            job = jobs.get(waiting[0]["job"]) if waiting else None
             if job is not None and job.state in (JobState.PENDING.value, JobState.SUBMITTED.value):
                 said = job.reason_message or job.reason_code or "not placed yet"
                 message += f"; replica job {job.id} waits: {said}"
