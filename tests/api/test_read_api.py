@@ -244,8 +244,8 @@ def test_apply_cluster_validates_diffs_and_stores(live: Live, api: AllotmentClie
 
     dry = api.apply_cluster(BIGGER, dry_run=True)
     assert dry["dry_run"] and not dry["applied"] and dry["version"] is None
-    assert dry["diff"]["nodes"] == {"added": ["spare"], "removed": [], "changed": []}
-    assert dry["diff"]["queues"] == {"added": [], "removed": [], "changed": []}
+    assert dry["diff"]["nodes"] == {"added": ["spare"], "removed": [], "changed": [], "fields": {}}
+    assert dry["diff"]["queues"] == {"added": [], "removed": [], "changed": [], "fields": {}}
     assert api.cluster()["version"] is None and live.applied == []
 
     done = api.apply_cluster(BIGGER)
@@ -260,8 +260,22 @@ def test_apply_cluster_validates_diffs_and_stores(live: Live, api: AllotmentClie
 
     changed = BIGGER.replace("default_priority_class: experiment", "max_wait: 2h", 1)
     diff = api.apply_cluster(changed, dry_run=True)["diff"]
-    assert diff["queues"] == {"added": [], "removed": [], "changed": ["batch"]}
-    assert diff["nodes"] == diff["pools"] == {"added": [], "removed": [], "changed": []}
+    assert (diff["queues"]["added"], diff["queues"]["changed"]) == ([], ["batch"])
+    assert diff["queues"]["fields"] == {
+        "batch": [
+            {"path": "spec.default_priority_class", "old": "experiment", "new": None},
+            {"path": "spec.max_wait", "old": None, "new": 7200.0},
+        ]
+    }
+    unchanged = {"added": [], "removed": [], "changed": [], "fields": {}}
+    assert diff["nodes"] == diff["pools"] == unchanged
+
+    quota = "gpu: 1, cpu: 4, memory: 8Gi}}\n        default_priority_class: experiment"
+    smaller = BIGGER.replace(quota, quota.replace("gpu: 1", "gpu: 0"))
+    diff = api.apply_cluster(smaller, dry_run=True)["diff"]
+    assert diff["queues"]["fields"] == {
+        "batch": [{"path": "spec.quota.local.gpu", "old": "1", "new": "0"}]
+    }
 
 
 def test_apply_cluster_typo_names_key_and_line(live: Live, api: AllotmentClient) -> None:

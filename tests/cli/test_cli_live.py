@@ -176,6 +176,12 @@ def test_apply_dry_run_then_apply(live: Live, tmp_path: Path) -> None:
     assert code == 0 and "applied as version 1" in out
     data = json.loads(allot("apply", "-f", path, "-o", "json")[1])
     assert (data["applied"], data["version"]) == (False, 1)
+    weightier = write(
+        tmp_path, "weightier.yaml", text.replace("gpu: 0}}", "gpu: 0}}\n    weight: 2")
+    )
+    code, out, err = allot("apply", "-f", weightier, "--dry-run")
+    assert code == 0, err
+    assert "  ~ queues: extra\n      spec.weight: 1.0 → 2.0\n" in out
     bad = write(tmp_path, "bad.yaml", "pools:\n  - name: a\n    colour: x\n")
     code, out, err = allot("apply", "-f", bad)
     assert code == 1 and "line 3" in err and "colour" in err and out == ""

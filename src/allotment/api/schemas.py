@@ -300,10 +300,24 @@ class ClusterApply(Input):
     dry_run: bool = False
 
 
+class FieldChange(Output):
+    """One changed leaf of an object: its dotted path in the object's JSON form (list
+    indices as ``[i]``, a key that is not a plain word as ``["key"]``) and the JSON
+    values on either side (``null`` where one side has none)."""
+
+    path: str
+    old: Any
+    new: Any
+
+
 class SectionDiff(Output):
+    """Names added, removed and changed; ``fields`` holds, for each changed name only,
+    its changed leaves, sorted by key."""
+
     added: list[str] = Field(default_factory=list)
     removed: list[str] = Field(default_factory=list)
     changed: list[str] = Field(default_factory=list)
+    fields: dict[str, list[FieldChange]] = Field(default_factory=dict)
 
 
 class ClusterDiff(Output):

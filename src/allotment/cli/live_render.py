@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -338,6 +339,13 @@ def images_view(data: Mapping[str, Any]) -> RenderableType:
     return Group(*parts)
 
 
+def _compact(value: Any, width: int = 60) -> str:
+    """A JSON value on one line (``"8"``, ``null``, ``2``), cut to ``width`` with ``…``;
+    control characters shown escaped."""
+    text = escape_controls(json.dumps(value, ensure_ascii=False, separators=(", ", ": ")))
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def diff_view(result: Mapping[str, Any]) -> RenderableType:
     lines: list[RenderableType] = []
     if result["dry_run"]:
@@ -352,8 +360,13 @@ def diff_view(result: Mapping[str, Any]) -> RenderableType:
             for name in change[key]:
                 lines.append(Text(f"  {sign} {section}: {name}", style=style))
                 any_change = True
+        fields = change.get("fields") or {}
         for name in change["changed"]:
             lines.append(Text(f"  ~ {section}: {name}", style="yellow"))
+            for field in fields.get(name, ()):
+                old, new = _compact(field.get("old")), _compact(field.get("new"))
+                path = escape_controls(str(field["path"]))
+                lines.append(Text(f"      {path}: {old} → {new}"))
             any_change = True
     if not any_change:
         lines.append(Text("  no differences from the cluster in use"))
