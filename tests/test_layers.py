@@ -28,7 +28,8 @@ ALLOWED: dict[str, set[str]] = {
     "upkeep": {"domain", "store", "executors", "telemetry"},
     "sim": {"domain", "scheduler"},
     "web": set(),
-    "api": {"domain", "scheduler", "store", "control", "accounting", "web"},
+    # The what-if replays recorded history with the simulator.
+    "api": {"domain", "scheduler", "store", "control", "accounting", "web", "sim"},
     "clientconfig": {"domain"},
     "client": {"domain", "clientconfig"},
     "cli": {"client", "clientconfig", "domain", "scheduler", "sim", "server", "web"},

@@ -246,6 +246,38 @@ class AllotmentClient:
         )
         return body
 
+    def whatif(
+        self,
+        text: str | None = None,
+        *,
+        since: str = "7d",
+        until: str | None = None,
+        policy: str | None = None,
+        series: bool = False,
+    ) -> dict[str, Any]:
+        """Replay recorded history under the configuration in force and, with ``text``,
+        under that proposed ``cluster.yaml``: ``{queues, tenants, total, fidelity,
+        worse, limits, ...}`` (see the README's what-if section)."""
+        query = {"since": since, "until": until, "policy": policy, "series": series}
+        if text is None:
+            params = {k: v for k, v in query.items() if v is not None}
+            body: dict[str, Any] = self._request("GET", "/whatif", params=params)
+        else:
+            body = self._request("POST", "/whatif", json={"text": text, **query})
+        return body
+
+    def history_export(self, *, since: str = "7d", until: str | None = None) -> tuple[str, int]:
+        """The recorded jobs as a trace CSV, and how many never completed a run (left
+        out)."""
+        params = {"since": since} if until is None else {"since": since, "until": until}
+        try:
+            response = self._http.request("GET", "/history/export", params=params)
+        except httpx.HTTPError as exc:
+            raise ClientError("unreachable", str(exc), status=0) from exc
+        if response.is_error:
+            raise _error_from(response)
+        return response.text, int(response.headers.get("X-Left-Out", "0"))
+
     def cluster(self) -> dict[str, Any]:
         """The applied ``cluster.yaml``: ``{version, text, sha256, applied_at}``."""
         body: dict[str, Any] = self._request("GET", "/cluster")

@@ -68,6 +68,9 @@ MATRIX: dict[str, dict[str, Cell]] = {
         (200, 200), (200, 404), (403, 404), (403, 404), (401, 401)
     ),
     "GET /api/v1/audit": row((200, 200), (200, 200), (403, 403), (403, 403), (401, 401)),
+    "GET /api/v1/whatif": row((200, 200), (200, 200), (403, 403), (403, 403), (401, 401)),
+    "POST /api/v1/whatif": row((200, 200), (200, 200), (403, 403), (403, 403), (401, 401)),
+    "GET /api/v1/history/export": row((200, 200), (200, 200), (403, 403), (403, 403), (401, 401)),
     "GET /api/v1/audit/verify": PLATFORM_ONLY,
     "GET /api/v1/report": READ,
     "GET /api/v1/alerts": READ,
@@ -215,6 +218,7 @@ BUILD: dict[str, Callable[[World, str], Request]] = {
     ),
     "POST /ui/jobs/{job_id}/cancel": lambda w, t: ("POST", f"/ui/jobs/{w.job(t)}/cancel", None),
     "PUT /api/v1/cluster": lambda w, t: ("PUT", "/api/v1/cluster", {"text": CLUSTER}),
+    "POST /api/v1/whatif": lambda w, t: ("POST", "/api/v1/whatif", {"text": CLUSTER}),
     "GET /api/v1/audit": lambda w, t: ("GET", f"/api/v1/audit?tenant={t}", None),
     "POST /api/v1/tokens": lambda w, t: (
         "POST",

@@ -43,6 +43,7 @@ class Action(StrEnum):
     METRICS_READ = "reading the metrics of every tenant"
     SERVICE_CALL = "calling a service through its endpoint"
     NOTEBOOK_OPEN = "opening a notebook"
+    HISTORY_READ = "replaying or exporting recorded history"
 
 
 PLATFORM = None
@@ -65,6 +66,7 @@ RULES: dict[Action, Role | None] = {
     Action.METRICS_READ: PLATFORM,  # the metrics span every tenant
     Action.SERVICE_CALL: Role.VIEWER,  # its tenant's services
     Action.NOTEBOOK_OPEN: Role.MEMBER,  # its own notebooks; a tenant admin any of the tenant's
+    Action.HISTORY_READ: Role.ADMIN,  # a tenant admin: its tenant's queues only
 }
 """The least tenant role each action needs, within the principal's own tenant."""
 

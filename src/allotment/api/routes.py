@@ -10,11 +10,12 @@ pass the principal's :func:`~allotment.api.policy.visible_tenant` to the query.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
+from fastapi.responses import PlainTextResponse
 
-from allotment.api import audit, reports, schemas
+from allotment.api import audit, reports, schemas, whatif
 from allotment.api.access import (
     CurrentPrincipal,
     Service,
@@ -58,6 +59,7 @@ AuditReader = Annotated[Principal, Depends(allowed(Action.AUDIT_READ))]
 AuditVerifier = Annotated[Principal, Depends(allowed(Action.AUDIT_VERIFY))]
 ReportReader = Annotated[Principal, Depends(allowed(Action.REPORT_READ))]
 AlertReader = Annotated[Principal, Depends(allowed(Action.ALERT_READ))]
+HistoryReader = Annotated[Principal, Depends(allowed(Action.HISTORY_READ))]
 ServiceReader = Annotated[Principal, Depends(on_service(Action.JOB_READ))]
 ServiceDeleter = Annotated[Principal, Depends(on_service(Action.JOB_CANCEL))]
 
@@ -332,6 +334,52 @@ def report(
         records=jobs,
         now=svc.clock(),
     )
+
+
+@router.get("/whatif", response_model=dict[str, Any])
+def whatif_in_force(
+    svc: Service,
+    who: HistoryReader,
+    since: Annotated[str, Query(min_length=1, max_length=64)] = "7d",
+    until: Annotated[str | None, Query(max_length=64)] = None,
+    policy: Annotated[str | None, Query(max_length=128)] = None,
+    series: bool = False,
+) -> dict[str, Any]:
+    """Replay the jobs recorded from ``since`` to ``until`` under the configuration in
+    force at the time, next to what really happened: the replay's fidelity."""
+    return whatif.whatif(
+        svc, who, text=None, since=since, until=until, policy=policy, series=series
+    )
+
+
+@router.post("/whatif", response_model=dict[str, Any])
+def whatif_proposed(
+    svc: Service, who: HistoryReader, body: schemas.WhatifRequest
+) -> dict[str, Any]:
+    """Replay the recorded jobs under the configuration in force and under the proposed
+    ``cluster.yaml``, side by side with what really happened; nothing is applied."""
+    return whatif.whatif(
+        svc,
+        who,
+        text=body.text,
+        since=body.since,
+        until=body.until,
+        policy=body.policy,
+        series=body.series,
+    )
+
+
+@router.get("/history/export", response_class=PlainTextResponse)
+def history_export(
+    svc: Service,
+    who: HistoryReader,
+    since: Annotated[str, Query(min_length=1, max_length=64)] = "7d",
+    until: Annotated[str | None, Query(max_length=64)] = None,
+) -> PlainTextResponse:
+    """The recorded jobs as a generic trace CSV, without names, commands or users (see
+    ``allot history export``); ``X-Left-Out`` counts the jobs that never completed a run."""
+    text, left_out = whatif.history_export(svc, who, since=since, until=until)
+    return PlainTextResponse(text, media_type="text/csv", headers={"X-Left-Out": str(left_out)})
 
 
 @router.get("/alerts", response_model=schemas.AlertPage)

@@ -293,6 +293,17 @@ class ImagesOut(Output):
 MAX_CLUSTER_CHARS = 1024 * 1024
 
 
+class WhatifRequest(Input):
+    """``POST /whatif``: the proposed ``cluster.yaml`` and the window of history to
+    replay (as ``GET /whatif``'s query)."""
+
+    text: str = Field(min_length=1, max_length=MAX_CLUSTER_CHARS)
+    since: str = Field(default="7d", min_length=1, max_length=64)
+    until: str | None = Field(default=None, max_length=64)
+    policy: str | None = Field(default=None, max_length=128)
+    series: bool = False
+
+
 class ClusterApply(Input):
     """``PUT /cluster``: ``cluster.yaml`` as written; ``dry_run`` only validates and diffs."""
 

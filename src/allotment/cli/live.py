@@ -90,7 +90,8 @@ def _show(
         console().print(view(data))
 
 
-def _read(path: str) -> str:
+def read_text(path: str) -> str:
+    """The text of the file ``path``; :class:`InvalidInput` naming it when it cannot be read."""
     file = Path(path)
     if not file.is_file():
         raise InvalidInput(f"{path}: no such file", fields={"path": path})
@@ -108,18 +109,36 @@ def apply(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Only validate and show the differences.")
     ] = False,
+    whatif: Annotated[
+        bool,
+        typer.Option(
+            "--whatif",
+            help="With --dry-run: also replay recorded history (--since, default the last "
+            "day) under this file and under the configuration in force, side by side.",
+        ),
+    ] = False,
+    since: Annotated[
+        str, typer.Option("--since", help="With --whatif: the history to replay.")
+    ] = "1d",
     output: OutputOption = Output.TABLE,
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
     """Create or update pools, nodes, tenants, queues and priority classes."""
-    text = _read(file)
+    if whatif and not dry_run:
+        raise InvalidInput("--whatif compares before applying: give it with --dry-run")
+    text = read_text(file)
     with connect(url, token) as client:
         result = client.apply_cluster(text, dry_run=dry_run)
+        comparison = client.whatif(text, since=since) if whatif else None
     if output is Output.JSON:
-        print_json(result)
-    else:
-        console().print(render.diff_view(result))
+        print_json(result if comparison is None else {**result, "whatif": comparison})
+        return
+    console().print(render.diff_view(result))
+    if comparison is not None:
+        from allotment.cli.whatif import comparison_view
+
+        console().print(comparison_view(comparison))
 
 
 def submit(
@@ -130,7 +149,7 @@ def submit(
 ) -> None:
     """Submit a job file; prints the job id. A ``type: service`` file creates the service
     (or updates the one of its name) and prints its URL."""
-    text = _read(file)
+    text = read_text(file)
     with connect(url, token) as client:
         if _is_service(text):
             service = client.apply_service(text)

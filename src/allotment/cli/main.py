@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from allotment.cli import alerts, audit, live, report, services, synth, tokens, up
+from allotment.cli import alerts, audit, live, report, services, synth, tokens, up, whatif
 from allotment.cli.common import Output, OutputOption, print_error, print_json
 from allotment.cli.common import console as make_console
 from allotment.domain.errors import AllotmentError, ConfigError, InvalidInput
@@ -337,6 +337,7 @@ audit.register(app)
 report.register(app)
 alerts.register(app)
 synth.register(app)
+whatif.register(app)
 
 
 def main() -> None:

@@ -55,12 +55,16 @@ class ClusterState:
         """A new configuration is in use from now on. Where the executor reports its
         nodes, the new configuration runs on them (asked before the change, so that
         nobody sees the configuration without them)."""
-        nodes = self._nodes_of(new) if self._nodes_of is not None else None
-        if nodes is not None:
-            new = new.with_nodes(nodes)
+        new = self.resolve(new)
         with self._lock:
             self._cluster = new
             self._version += 1
+
+    def resolve(self, config: Cluster) -> Cluster:
+        """``config`` as it would run here: on the executor's nodes where it reports
+        them (a proposed or past configuration, for a replay); nothing changes."""
+        nodes = self._nodes_of(config) if self._nodes_of is not None else None
+        return config if nodes is None else config.with_nodes(nodes)
 
     def take_nodes(self, nodes: dict[str, Node]) -> bool:
         """The executor's nodes, on the configuration in use (one applied meanwhile

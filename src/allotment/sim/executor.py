@@ -27,6 +27,7 @@ from allotment.scheduler.decisions import Admit
 from allotment.scheduler.snapshot import PendingJob, ReplicaRequest, RunningJob
 from allotment.sim.errors import ReplayError
 from allotment.sim.results import (
+    CANCELLED,
     FAILED,
     PREEMPTED,
     SUCCEEDED,
@@ -40,20 +41,24 @@ from allotment.sim.trace import TraceJob
 def pending_job(
     job: TraceJob, cluster: Cluster, *, submit_time: float, oracle: bool = False
 ) -> PendingJob:
-    """The scheduler's view of a trace job: its request, never its true duration (unless
-    ``oracle``). The priority class is the trace's, else the queue's default."""
-    resources: dict[str, int] = {}
-    if job.gpus:
-        resources[GPU] = job.gpus
-    if job.cpu:
-        resources[CPU] = job.cpu
-    if job.memory:
-        resources[MEMORY] = job.memory
+    """The scheduler's view of a trace job: its request and any runtime it declared,
+    never its true duration (unless ``oracle``). The priority class is the trace's,
+    else the queue's default."""
+    requests = job.requests
+    if not requests:
+        resources: dict[str, int] = {}
+        if job.gpus:
+            resources[GPU] = job.gpus
+        if job.cpu:
+            resources[CPU] = job.cpu
+        if job.memory:
+            resources[MEMORY] = job.memory
+        requests = (ReplicaRequest(name="worker", count=job.replicas, resources=resources),)
     queue = cluster.queues[job.queue]
     priority = cluster.priority_class_for(queue, job.priority_class)
     if priority is None:
         raise ReplayError(f"job {job.job_id}: no priority class allowed in queue {job.queue}")
-    expected = None
+    expected = job.expected_runtime
     if oracle:
         expected = job.duration if job.max_runtime is None else min(job.duration, job.max_runtime)
     return PendingJob(
@@ -61,10 +66,11 @@ def pending_job(
         queue=job.queue,
         priority_class=priority.name,
         submit_time=submit_time,
-        replicas=(ReplicaRequest(name="worker", count=job.replicas, resources=resources),),
+        replicas=requests,
         pools=job.pools,
         max_runtime=job.max_runtime,
         expected_runtime=expected,
+        preemptible=job.preemptible,
     )
 
 
@@ -81,6 +87,8 @@ class Finished:
     """Replay seconds from its start to its end."""
     limit: float | None = None
     """Its declared ``max_runtime``, if it had one."""
+    again: bool = False
+    """The run failed and the job is retried: it waits again."""
 
 
 @dataclass(slots=True)
@@ -92,6 +100,8 @@ class _Run:
     gpus: int
     nodes: tuple[tuple[str, int], ...]
     usage: list[tuple[str, dict[str, int]]] = field(default_factory=list)
+    borrowed: int = 0
+    again: bool = False
 
 
 class SimulatedExecutor:
@@ -108,9 +118,13 @@ class SimulatedExecutor:
         *,
         time_scale: float,
         oracle: bool,
+        turn: float = 0.0,
     ) -> None:
         self.cluster = cluster
         self.oracle = oracle
+        self.turn = turn
+        """Seconds between the turns of a live loop being replayed (0: none): a run's
+        end is seen, and its resources freed, at the next multiple of it."""
         self.traces = {job.job_id: job for job in jobs}
         self.results = {
             job.job_id: JobResult(
@@ -142,6 +156,19 @@ class SimulatedExecutor:
     def node_pools(self) -> dict[str, str]:
         """The pool of every healthy node."""
         return {name: node.pool for name, node in self.nodes.items()}
+
+    def reconfigure(self, cluster: Cluster) -> None:
+        """Run on ``cluster`` from now on: new healthy nodes join; a node that left (or
+        fell unhealthy) goes once nothing runs on it (a replay's jobs are not moved)."""
+        self.cluster = cluster
+        healthy = {name: node for name, node in cluster.nodes.items() if node.healthy}
+        for name, node in healthy.items():
+            self.nodes[name] = node
+            self.capacity[name] = node.capacity.as_dict()
+            self.used.setdefault(name, {})
+        for name in list(self.nodes):
+            if name not in healthy and not any(self.used[name].values()):
+                del self.nodes[name], self.capacity[name], self.used[name]
 
     def first_start(self, job_id: str) -> float | None:
         """When the job first started, None while it has not."""
@@ -175,11 +202,29 @@ class SimulatedExecutor:
             self._release(run)
             self._record(job_id, run, now, run.outcome)
             result = self.results[job_id]
-            result.end = now
-            result.outcome = run.outcome
+            if not run.again:
+                result.end = now
+                result.outcome = run.outcome
             limit = self.traces[job_id].max_runtime
-            finished.append(Finished(job_id, result.queue, run.gpus, now - run.start, limit))
+            finished.append(
+                Finished(job_id, result.queue, run.gpus, now - run.start, limit, run.again)
+            )
         return finished
+
+    def withdraw(self, job_id: str, now: float) -> bool | None:
+        """Its user cancels job ``job_id`` at ``now``: True if it was running (it stops),
+        False if it was waiting (it leaves), None if it had ended or never arrived."""
+        result = self.results[job_id]
+        if job_id not in self.requests or result.outcome != UNFINISHED:
+            return None
+        result.outcome = CANCELLED
+        result.end = now
+        run = self._running.pop(job_id, None)
+        if run is None:
+            return False
+        self._release(run)
+        self._record(job_id, run, now, CANCELLED)
+        return True
 
     def start(self, admit: Admit, now: float, allocation: RunningJob | None) -> None:
         """Start an admitted job on its placements; ``allocation`` is the core's record of
@@ -219,8 +264,12 @@ class SimulatedExecutor:
         result.attempts += 1
         if result.first_start is None:
             result.first_start = now
-        runtime, outcome = trace.duration, SUCCEEDED
-        if trace.max_runtime is not None and trace.duration > trace.max_runtime:
+        runtime, outcome, again = trace.duration, SUCCEEDED, False
+        if trace.runs:
+            done = result.attempts - 1 - result.preempted
+            runtime, outcome = trace.runs[min(done, len(trace.runs) - 1)]
+            again = done < len(trace.runs) - 1
+        elif trace.max_runtime is not None and trace.duration > trace.max_runtime:
             runtime, outcome = trace.max_runtime, FAILED
         # The scheduler saw an expected runtime only under an oracle policy.
         self._running[job.id] = _Run(
@@ -231,9 +280,16 @@ class SimulatedExecutor:
             gpus=sum(per_node.values()),
             nodes=tuple(per_node.items()),
             usage=usage,
+            borrowed=admit.borrowed.get(GPU, 0),
+            again=again,
         )
         self._seq += 1
-        heapq.heappush(self._ends, (now + runtime, self._seq, job.id, result.attempts))
+        end = now + runtime
+        if self.turn and math.isfinite(end):
+            # The live loop sees an end at its next turn, and frees the resources then.
+            end = max(now, math.ceil(end / self.turn) * self.turn)
+            self._running[job.id].end = end
+        heapq.heappush(self._ends, (end, self._seq, job.id, result.attempts))
 
     def preempt(self, job_id: str, now: float) -> PendingJob | None:
         """Stop a running job at ``now``: its request, to submit again (None: it was not
@@ -249,9 +305,26 @@ class SimulatedExecutor:
 
     def close(self) -> None:
         """At the end of the replay: record the jobs that never ran to an end as
-        ``unfinished``."""
+        ``unfinished``, and the runs still going (a replay stopped at a time) as
+        attempts with no end."""
         for job_id in list(self.requests):
-            if job_id not in self._running and self.results[job_id].outcome == UNFINISHED:
+            run = self._running.get(job_id)
+            if run is not None:
+                self.attempts.append(
+                    Attempt(
+                        job_id=job_id,
+                        queue=self.results[job_id].queue,
+                        attempt=run.attempt,
+                        submit=self.results[job_id].submit,
+                        start=run.start,
+                        end=None,
+                        gpus=run.gpus,
+                        nodes=run.nodes,
+                        outcome=UNFINISHED,
+                        borrowed=run.borrowed,
+                    )
+                )
+            elif self.results[job_id].outcome == UNFINISHED:
                 self._unfinished(job_id)
 
     def _release(self, run: _Run) -> None:
@@ -276,6 +349,7 @@ class SimulatedExecutor:
                 gpus=run.gpus,
                 nodes=run.nodes,
                 outcome=outcome,
+                borrowed=run.borrowed,
             )
         )
 

@@ -22,6 +22,14 @@ carry ``expected_runtime=None`` and running ones ``expected_end=None``, unless t
 is an ``oracle``. The replay ends after the last event; jobs still pending then are
 ``unfinished``.
 
+For a recorded history (``allot whatif``) the driver also stops at ``until`` (runs
+still going then stay open), applies configuration ``changes`` at their instants (the
+core carries on under the new cluster with what it holds), withdraws jobs cancelled
+while they waited (``TraceJob.withdraw_at``), retries failed runs (``TraceJob.runs``),
+lets a victim hold its resources for ``stop_latency`` seconds after its preemption (the
+core sees it stopping, as the live loop's does), and has the executor free a run's
+resources only at the next multiple of ``turn`` (the live loop's turn).
+
 The driver owns the clock, the events and the cycles, and composes parts of one concern
 each, passing each what it needs:
 
@@ -48,6 +56,7 @@ import heapq
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from allotment.domain.cluster import Cluster
 from allotment.scheduler.session import Session
@@ -94,6 +103,10 @@ class Replay:
         max_cycles_per_instant: int = 64,
         predict_every: int = 0,
         progress: Callable[[int, int], None] | None = None,
+        until: float | None = None,
+        changes: Sequence[tuple[float, Cluster]] = (),
+        stop_latency: float = 0.0,
+        turn: float = 0.0,
     ) -> None:
         if not (time_scale >= 0 and math.isfinite(time_scale)):
             raise ReplayError(f"time scale must be a finite number >= 0, got {time_scale}")
@@ -109,9 +122,18 @@ class Replay:
         )
         self.wakeups: list[float] = []
         self._wakeup_set: set[float] = set()
+        self.until = math.inf if until is None else until
+        self.withdrawals = sorted(
+            (job.withdraw_at * time_scale, job.job_id)
+            for job in jobs
+            if job.withdraw_at is not None
+        )
+        self.changes = sorted(changes, key=lambda change: change[0])
+        self.stop_latency = max(0.0, stop_latency)
+        self.stops: list[tuple[float, str]] = []
         span = (self.arrivals[-1][0] - self.arrivals[0][0]) if self.arrivals else 0.0
         self.executor = SimulatedExecutor(
-            cluster, jobs, time_scale=time_scale, oracle=policy.oracle
+            cluster, jobs, time_scale=time_scale, oracle=policy.oracle, turn=max(0.0, turn)
         )
         self.sampler = ContentionSampler(span)
         self.shortfalls = ShortfallTracker()
@@ -134,7 +156,8 @@ class Replay:
         shortfalls = self.shortfalls
         forecaster = self.forecaster
         arrivals = self.arrivals
-        index = 0
+        withdrawals = self.withdrawals
+        index = withdrawn = changed_at = 0
         while True:
             now = math.inf
             if index < len(arrivals):
@@ -144,9 +167,20 @@ class Replay:
                 now = next_end
             if self.wakeups and self.wakeups[0] < now:
                 now = self.wakeups[0]
-            if now == math.inf:
+            if withdrawn < len(withdrawals) and withdrawals[withdrawn][0] < now:
+                now = withdrawals[withdrawn][0]
+            if self.stops and self.stops[0][0] < now:
+                now = self.stops[0][0]
+            if changed_at < len(self.changes) and self.changes[changed_at][0] < now:
+                now = self.changes[changed_at][0]
+            if now == math.inf or now > self.until:
                 break
             changed = False
+            while changed_at < len(self.changes) and self.changes[changed_at][0] <= now:
+                session = self._reconfigure(self.changes[changed_at][1], now)
+                core = self.core
+                changed_at += 1
+                changed = True
             while index < len(arrivals) and arrivals[index][0] <= now:
                 job_id = arrivals[index][2]
                 forecaster.arrived(job_id)
@@ -160,7 +194,22 @@ class Replay:
                 forecaster.learn(
                     finished.queue, finished.gpus, finished.runtime, limit=finished.limit
                 )
+                if finished.again:
+                    core.submit(executor.requests[finished.job_id])
                 changed = True
+            while withdrawn < len(withdrawals) and withdrawals[withdrawn][0] <= now:
+                job_id = withdrawals[withdrawn][1]
+                withdrawn += 1
+                was_running = executor.withdraw(job_id, now)
+                if was_running is None:
+                    continue
+                if was_running:
+                    core.gone(job_id)
+                else:
+                    core.withdraw(job_id)
+                changed = True
+            while self.stops and self.stops[0][0] <= now:
+                changed = self._preempt(heapq.heappop(self.stops)[1], now) or changed
             while self.wakeups and self.wakeups[0] <= now:
                 self._wakeup_set.discard(heapq.heappop(self.wakeups))
                 changed = True
@@ -205,6 +254,11 @@ class Replay:
             preempted = False
             for preempt in decisions.preemptions:
                 for victim in preempt.victims:
+                    if self.stop_latency and isinstance(core, Session):
+                        # It stops as a live one does: holding its resources a while.
+                        if core.stopping(victim.job):
+                            heapq.heappush(self.stops, (now + self.stop_latency, victim.job))
+                        continue
                     preempted = self._preempt(victim.job, now) or preempted
             for admit in decisions.admitted:
                 self.executor.start(admit, now, core.running.get(admit.job))
@@ -220,6 +274,17 @@ class Replay:
             )
             if not again or not core.pending_count:
                 break
+
+    def _reconfigure(self, cluster: Cluster, now: float) -> Session | None:
+        """A new configuration is in force from ``now``: the core carries on under it
+        with what it holds (a snapshot function is simply given the new cluster)."""
+        self.executor.reconfigure(cluster)
+        core = self.core
+        if isinstance(core, SnapshotCore):
+            core.cluster = cluster
+            return None
+        self.core = Session.from_snapshot(replace(core.snapshot(now), cluster=cluster, nodes=None))
+        return self.core
 
     def _preempt(self, job_id: str, now: float) -> bool:
         """Stop a victim in the executor and hand it back to the core as pending."""

@@ -9,6 +9,8 @@ from allotment.scheduler.snapshot import SchedulerPolicy
 SUCCEEDED = "succeeded"
 FAILED = "failed"
 PREEMPTED = "preempted"
+CANCELLED = "cancelled"
+RECLAIMED = "reclaimed"
 UNFINISHED = "unfinished"
 
 
@@ -26,6 +28,8 @@ class Attempt:
     gpus: int
     nodes: tuple[tuple[str, int], ...]
     outcome: str
+    borrowed: int = 0
+    """Milli-GPUs of it borrowed beyond its queue's nominal quota."""
 
 
 @dataclass(slots=True, kw_only=True)

@@ -44,6 +44,9 @@ class SnapshotCore:
     def pending_job(self, job_id: str) -> PendingJob | None:
         return self.pending.get(job_id)
 
+    def withdraw(self, job_id: str) -> PendingJob | None:
+        return self.pending.pop(job_id, None)
+
     def gone(self, job_id: str) -> RunningJob | None:
         return self.running.pop(job_id, None)
 

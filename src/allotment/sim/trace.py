@@ -21,7 +21,8 @@ from pathlib import Path
 from allotment.domain.cluster import Cluster
 from allotment.domain.errors import AllotmentError, InvalidInput
 from allotment.domain.job import JobType
-from allotment.domain.resources import parse_quantity
+from allotment.domain.resources import GPU, parse_quantity
+from allotment.scheduler.snapshot import ReplicaRequest
 
 REQUIRED_COLUMNS = ("job_id", "submit_time", "duration", "queue", "gpus")
 OPTIONAL_COLUMNS = (
@@ -85,6 +86,21 @@ class TraceJob:
     max_runtime: float | None = None
     line: int | None = None
     """Where it was read from, for messages."""
+    requests: tuple[ReplicaRequest, ...] = ()
+    """Its replica groups, when it has several or more than ``gpus``, ``cpu`` and
+    ``memory`` say (a recorded job); empty: ``replicas`` of those."""
+    expected_runtime: float | None = None
+    """A runtime the job declared: the scheduler sees it (a true ``duration`` it never
+    sees, unless the policy is an oracle)."""
+    preemptible: bool = False
+    runs: tuple[tuple[float, str], ...] = ()
+    """A recorded job's runs in order: how long each held its resources and how it
+    ended. Every run but the last ended ``failed`` and was retried; the last run's
+    ending is the job's (``inf``: still running at the end of the recording). Empty:
+    one run of ``duration``."""
+    withdraw_at: float | None = None
+    """When its user cancelled it while it waited (trace seconds, before any time
+    scale): it leaves then, or is stopped then if the replay started it already."""
 
     def __post_init__(self) -> None:
         if self.pool is not None:
@@ -98,6 +114,8 @@ class TraceJob:
     @property
     def total_gpus(self) -> int:
         """All replicas together, milli-GPUs."""
+        if self.requests:
+            return sum(r.count * r.resources.get(GPU, 0) for r in self.requests)
         return self.gpus * self.replicas
 
 

@@ -1,0 +1,516 @@
+"""What-if: replay recorded history under the configuration in force and under a
+proposed one, and compare them side by side with what really happened.
+
+:func:`compare` runs the real scheduler twice over the same recorded jobs
+(:func:`allotment.sim.history.replay_jobs`) on the real clock: once under the versions
+of the cluster file that were in force (each from the instant it was applied), once
+under the proposal for the whole period. It measures, per queue, per tenant and over
+the fleet, the same figures for the recording and both replays, all over the window
+``[since, until)``:
+
+- waits (first admission - submit) of the jobs submitted in the window; a job not
+  started by ``until`` counts with ``until - submit`` (a lower bound: *censored*, not
+  dropped), and ``censored`` says how many;
+- JCT over the jobs that ended by ``until``; preemptions; GPU-hours held, utilisation
+  (held / the fleet's GPUs over the window), borrowed GPU-hours and cost (GPU-hours at
+  each pool's price), counting every allocation's part inside the window;
+- guarantee violations (replays only; the recording does not say).
+
+**Fidelity first**: the replay of the configuration in force is compared with the
+recording: per queue the relative error of the mean wait (against at least
+:data:`WAIT_FLOOR_S`, the live loop's own latency), over the fleet the same, and the
+agreement of the admission order (Spearman's rank correlation over the jobs that
+started in both). Every prediction is shown with its queue's error.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from allotment.domain.cluster import Cluster
+from allotment.domain.errors import InvalidInput
+from allotment.domain.history import RecordedJob
+from allotment.domain.resources import GPU, MILLI
+from allotment.domain.tenancy import DEFAULT_TENANT
+from allotment.scheduler.snapshot import SchedulerPolicy
+from allotment.sim.history import replay_jobs
+from allotment.sim.metrics import mean, percentile
+from allotment.sim.replay import Replay
+from allotment.sim.results import FAILED, PREEMPTED, SUCCEEDED, ReplayResult
+from allotment.sim.trace import TraceJob
+
+WAIT_FLOOR_S = 1.0
+"""Mean waits are compared against at least this: below it, a difference is the live
+loop's own latency."""
+TARGET_ERROR = 0.15
+"""The fidelity the replay aims for: the in-force replay's mean wait per queue within
+15% of the recorded one."""
+WORSE_BY = 0.05
+"""A figure is flagged worse when the proposal raises it by more than this share (and,
+for times, by more than a second)."""
+LIMITS = (
+    "users would have submitted differently under another configuration (more, fewer or "
+    "other jobs, at other times); the replay repeats what they did",
+    "each run takes as long as it took; a run moved to another pool is not faster or slower",
+    "jobs that never completed a run in the window run as long as they declared, else "
+    "their queue's median run",
+    "preempted runs are left out (the replay preempts by its own rules and a preempted "
+    "job starts over); failed runs are retried at once, without the live back-off",
+)
+_FINISHED = (SUCCEEDED, FAILED)
+
+
+@dataclass(frozen=True, slots=True)
+class Story:
+    """One job as it went, recorded or replayed."""
+
+    queue: str
+    submit: float
+    first_start: float | None
+    end: float | None
+    """When it ended, if it ran to an end (succeeded or failed)."""
+    preempted: int
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """One allocation: GPUs held from ``start`` to ``end`` (None: still held)."""
+
+    queue: str
+    start: float
+    end: float | None
+    gpus: int
+    borrowed: int
+    pool: str | None
+
+
+@dataclass(slots=True)
+class Outcome:
+    """The jobs and allocations of one recording or replay, and the cluster it ran on."""
+
+    stories: dict[str, Story]
+    holds: list[Hold]
+    cluster: Cluster
+    violations: dict[str, int] | None = None
+
+
+def recorded_outcome(recorded: Sequence[RecordedJob], cluster: Cluster, until: float) -> Outcome:
+    """What really happened (as far as the store knew at ``until``)."""
+    stories: dict[str, Story] = {}
+    holds: list[Hold] = []
+    for job in recorded:
+        end = None
+        last = job.runs[-1] if job.runs else None
+        if last is not None and last.released is not None and last.ended_as in _FINISHED:
+            end = last.released
+        stories[job.id] = Story(
+            job.queue,
+            job.submit_time,
+            job.first_admitted,
+            end,
+            sum(1 for r in job.runs if r.ended_as == PREEMPTED),
+        )
+        gpus = _gpus(job.spec)
+        for run in job.runs:
+            held_until = run.released if run.stopped is None else run.stopped
+            holds.append(
+                Hold(job.queue, run.admitted, held_until, gpus, run.borrowed_gpus, run.pool)
+            )
+    return Outcome(stories, holds, cluster)
+
+
+def _gpus(spec: Mapping[str, Any]) -> int:
+    from allotment.domain.resources import parse_quantity
+
+    total = 0
+    for group in spec.get("replicas") or []:
+        amount = (group.get("resources") or {}).get(GPU)
+        if amount is not None:
+            total += int(group.get("count", 1)) * parse_quantity(amount, name=GPU)
+    return total
+
+
+def replayed_outcome(result: ReplayResult, cluster: Cluster, queues: Mapping[str, str]) -> Outcome:
+    """A replay's jobs and allocations; ``queues`` maps each job to its queue."""
+    stories = {
+        job.job_id: Story(
+            job.queue,
+            job.submit,
+            job.first_start,
+            job.end if job.outcome in _FINISHED else None,
+            job.preempted,
+        )
+        for job in result.jobs
+    }
+    pools = result.node_pools
+    holds = [
+        Hold(
+            queues[a.job_id],
+            a.start,
+            a.end,
+            a.gpus,
+            a.borrowed,
+            pools.get(a.nodes[0][0]) if a.nodes else None,
+        )
+        for a in result.attempts
+        if a.start is not None
+    ]
+    violations: dict[str, int] | None = None
+    if result.shortfalls is not None:
+        violations = {}
+        for shortfall in result.shortfalls:
+            violations[shortfall.queue] = violations.get(shortfall.queue, 0) + 1
+    return Outcome(stories, holds, cluster, violations)
+
+
+def figures(
+    outcome: Outcome,
+    jobs: Iterable[str],
+    *,
+    since: float,
+    until: float,
+    holds_of: set[str] | None = None,
+) -> dict[str, Any]:
+    """The figures of ``jobs`` (ids) in ``outcome`` over the window; allocations counted
+    for the queues in ``holds_of`` (None: every queue)."""
+    waits: list[float] = []
+    jcts: list[float] = []
+    censored = preempted = submitted = 0
+    for job_id in jobs:
+        story = outcome.stories.get(job_id)
+        if story is None or not since <= story.submit < until:
+            continue
+        submitted += 1
+        preempted += story.preempted
+        if story.first_start is None or story.first_start >= until:
+            censored += 1
+            waits.append(until - story.submit)
+        else:
+            waits.append(max(0.0, story.first_start - story.submit))
+        if story.end is not None and story.end < until:
+            jcts.append(story.end - story.submit)
+    held = borrowed = cost = 0.0
+    prices = {name: pool.price_per_gpu_hour for name, pool in outcome.cluster.pools.items()}
+    for hold in outcome.holds:
+        if holds_of is not None and hold.queue not in holds_of:
+            continue
+        start = max(hold.start, since)
+        end = min(until if hold.end is None else hold.end, until)
+        if end <= start:
+            continue
+        seconds = end - start
+        held += hold.gpus * seconds
+        borrowed += hold.borrowed * seconds
+        cost += hold.gpus * seconds / MILLI / 3600.0 * prices.get(hold.pool or "", 0.0)
+    total = fleet_gpus(outcome.cluster)
+    span = until - since
+    violations = None
+    if outcome.violations is not None:
+        queues = holds_of if holds_of is not None else set(outcome.violations)
+        violations = sum(outcome.violations.get(q, 0) for q in queues)
+    return {
+        "jobs": submitted,
+        "censored": censored,
+        "wait_avg_s": _round(mean(waits)),
+        "wait_p50_s": _round(percentile(waits, 50)),
+        "wait_p95_s": _round(percentile(waits, 95)),
+        "wait_p99_s": _round(percentile(waits, 99)),
+        "jct_avg_s": _round(mean(jcts)),
+        "preemptions": preempted,
+        "guarantee_violations": violations,
+        "gpu_hours": _round(held / MILLI / 3600.0),
+        "utilization": _round(held / (total * span), 4) if total and span > 0 else None,
+        "borrowed_gpu_hours": _round(borrowed / MILLI / 3600.0),
+        "cost": _round(cost, 2),
+    }
+
+
+def fleet_gpus(cluster: Cluster) -> int:
+    """Milli-GPUs of the healthy nodes."""
+    return sum(n.capacity.get(GPU, 0) for n in cluster.nodes.values() if n.healthy)
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def wait_error(recorded: float | None, replayed: float | None) -> float | None:
+    """The relative error of a replayed mean wait against the recorded one."""
+    if recorded is None or replayed is None:
+        return None
+    return round(abs(replayed - recorded) / max(recorded, WAIT_FLOOR_S), 4)
+
+
+def order_agreement(recorded: Outcome, replayed: Outcome, jobs: Iterable[str]) -> float | None:
+    """Spearman's rank correlation of first admissions over the jobs that started in
+    both (None: fewer than three)."""
+    pairs = []
+    for job_id in jobs:
+        a, b = recorded.stories.get(job_id), replayed.stories.get(job_id)
+        if a and b and a.first_start is not None and b.first_start is not None:
+            pairs.append((a.first_start, b.first_start))
+    n = len(pairs)
+    if n < 3:
+        return None
+    ranks_a = _ranks([p[0] for p in pairs])
+    ranks_b = _ranks([p[1] for p in pairs])
+    mean_rank = (n + 1) / 2
+    cov = sum((x - mean_rank) * (y - mean_rank) for x, y in zip(ranks_a, ranks_b, strict=True))
+    var_a = sum((x - mean_rank) ** 2 for x in ranks_a)
+    var_b = sum((y - mean_rank) ** 2 for y in ranks_b)
+    if not var_a or not var_b:
+        return None
+    return round(cov / math.sqrt(var_a * var_b), 4)
+
+
+def _ranks(values: Sequence[float]) -> list[float]:
+    """Ranks 1..n, ties sharing their mean rank."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+_WORSE_KEYS = (
+    ("wait_avg_s", "mean wait"),
+    ("wait_p95_s", "wait p95"),
+    ("wait_p99_s", "wait p99"),
+    ("jct_avg_s", "mean JCT"),
+    ("preemptions", "preemptions"),
+    ("guarantee_violations", "guarantee violations"),
+)
+
+
+def worse(name: str, current: Mapping[str, Any], proposed: Mapping[str, Any]) -> list[str]:
+    """What gets worse for ``name`` under the proposal, in words."""
+    out = []
+    for key, label in _WORSE_KEYS:
+        a, b = current.get(key), proposed.get(key)
+        if a is None or b is None or b <= a:
+            continue
+        timed = key.endswith("_s")
+        if b <= a * (1 + WORSE_BY) or (timed and b - a < WAIT_FLOOR_S):
+            continue
+        change = f" (+{(b - a) / a:.0%})" if a else ""
+        unit = " s" if timed else ""
+        out.append(f"{name}: {label} {a:g}{unit} -> {b:g}{unit}{change}")
+    return out
+
+
+def fit_jobs(
+    jobs: Sequence[TraceJob], cluster: Cluster, *, source: str
+) -> tuple[list[TraceJob], int]:
+    """The jobs as ``cluster`` can take them: a priority class it does not allow in a
+    job's queue becomes that queue's default (counted). Raises :class:`InvalidInput`
+    naming every queue of the jobs that it lacks or that has child queues."""
+    missing: dict[str, int] = {}
+    for job in jobs:
+        queue = cluster.queues.get(job.queue)
+        if queue is None or not queue.is_leaf:
+            missing[job.queue] = missing.get(job.queue, 0) + 1
+    if missing:
+        named = ", ".join(
+            f"{q!r} ({n} job{'s' if n != 1 else ''})" for q, n in sorted(missing.items())
+        )
+        leaves = ", ".join(sorted(q.name for q in cluster.leaves)) or "none"
+        raise InvalidInput(
+            f"{source} has no leaf queue for recorded jobs of {named}: keep those queues "
+            f"(its leaf queues: {leaves})",
+            fields={"queues": sorted(missing)},
+        )
+    fitted: list[TraceJob] = []
+    moved = 0
+    for job in jobs:
+        queue = cluster.queues[job.queue]
+        if cluster.priority_class_for(queue, job.priority_class) is None:
+            job = replace(job, priority_class=None)
+            moved += 1
+        fitted.append(job)
+    return fitted, moved
+
+
+def _in_force(
+    versions: Sequence[tuple[float, Cluster]], start: float, until: float
+) -> tuple[Cluster, list[tuple[float, Cluster]]]:
+    """The version in force at ``start`` (the oldest when none was applied yet) and the
+    later ones applied before ``until``."""
+    ordered = sorted(versions, key=lambda v: v[0])
+    first = ordered[0][1]
+    for at, cluster in ordered:
+        if at <= start:
+            first = cluster
+    return first, [(at, c) for at, c in ordered if start < at < until]
+
+
+def compare(
+    recorded: Sequence[RecordedJob],
+    *,
+    since: float,
+    until: float,
+    in_force: Sequence[tuple[float, Cluster]],
+    proposed: Cluster | None,
+    policy: SchedulerPolicy,
+    series: bool = False,
+    visible: set[str] | None = None,
+) -> dict[str, Any]:
+    """Replay ``recorded`` under the versions ``in_force`` (when each was applied, the
+    cluster) and under ``proposed`` (None: only the first), and compare them with the
+    recording over ``[since, until)`` (see the module's docstring). ``series`` adds
+    chart data over the jobs and allocations of the ``visible`` queues (None: all)."""
+    if not in_force:
+        raise ValueError("no configuration in force")
+    began = time.perf_counter()
+    trace = replay_jobs(recorded)
+    queue_of = {job.id: job.queue for job in recorded}
+    tenant_of: dict[str, str] = {}
+    for job in recorded:
+        tenant_of.setdefault(job.queue, job.tenant or DEFAULT_TENANT)
+    start = min((job.submit_time for job in trace.jobs), default=since)
+    first, changes = _in_force(in_force, start, until)
+    latest = sorted(in_force, key=lambda v: v[0])[-1][1]
+    outcomes: dict[str, Outcome] = {"recorded": recorded_outcome(recorded, latest, until)}
+    current_jobs, _ = fit_jobs(trace.jobs, latest, source="the configuration in force")
+    moved = 0
+    proposed_jobs: list[TraceJob] = []
+    if proposed is not None:
+        proposed_jobs, moved = fit_jobs(trace.jobs, proposed, source="the proposed file")
+    runs = [("current", first, current_jobs, changes)]
+    if proposed is not None:
+        runs.append(("proposed", proposed, proposed_jobs, []))
+    for name, cluster, jobs, steps in runs:
+        result = (
+            Replay(
+                cluster,
+                jobs,
+                policy,
+                until=until,
+                changes=steps,
+                stop_latency=trace.stop_latency,
+                turn=trace.turn,
+            ).run()
+            if jobs
+            else None
+        )
+        final = steps[-1][1] if steps else cluster
+        outcomes[name] = (
+            replayed_outcome(result, final, queue_of)
+            if result is not None
+            else Outcome({}, [], final, {})
+        )
+    window = [job.id for job in recorded if since <= job.submit_time < until]
+    by_queue: dict[str, list[str]] = {}
+    for job_id in window:
+        by_queue.setdefault(queue_of[job_id], []).append(job_id)
+    by_tenant: dict[str, list[str]] = {}
+    for queue, ids in by_queue.items():
+        by_tenant.setdefault(tenant_of[queue], []).extend(ids)
+
+    def row(name: str, ids: list[str], queues: set[str] | None) -> dict[str, Any]:
+        data: dict[str, Any] = {"name": name}
+        for key, outcome in outcomes.items():
+            data[key] = figures(outcome, ids, since=since, until=until, holds_of=queues)
+        data.setdefault("proposed", None)
+        data["wait_error"] = wait_error(
+            data["recorded"]["wait_avg_s"], data["current"]["wait_avg_s"]
+        )
+        data["worse"] = worse(name, data["current"], data["proposed"]) if data["proposed"] else []
+        return data
+
+    queues = [
+        {**row(queue, ids, {queue}), "tenant": tenant_of[queue]}
+        for queue, ids in sorted(by_queue.items())
+    ]
+    tenants = [
+        row(tenant, ids, {q for q, t in tenant_of.items() if t == tenant})
+        for tenant, ids in sorted(by_tenant.items())
+    ]
+    total = row("fleet", window, None)
+    out: dict[str, Any] = {
+        "since": since,
+        "until": until,
+        "policy": policy.name,
+        "jobs": len(window),
+        "replayed_jobs": len(trace.jobs),
+        "assumed": {
+            "estimated_runs": trace.estimated,
+            "open_runs": trace.open_runs,
+            "withdrawn": trace.withdrawn,
+            "default_priority_class": moved,
+            "turn_s": round(trace.turn, 3),
+            "stop_latency_s": round(trace.stop_latency, 3),
+        },
+        "fidelity": {
+            "target": TARGET_ERROR,
+            "wait_error": total["wait_error"],
+            "order_agreement": order_agreement(outcomes["recorded"], outcomes["current"], window),
+            "worst_queue_error": max(
+                (q["wait_error"] for q in queues if q["wait_error"] is not None), default=None
+            ),
+        },
+        "queues": queues,
+        "tenants": tenants,
+        "total": total,
+        "worse": [w for r in (*queues, *tenants, total) for w in r["worse"]],
+        "limits": list(LIMITS),
+        "replay_s": round(time.perf_counter() - began, 3),
+    }
+    if series:
+        shown = [j for j in window if visible is None or queue_of[j] in visible]
+        out["series"] = {
+            name: _series(outcome, shown, since=since, until=until, queues=visible)
+            for name, outcome in outcomes.items()
+        }
+    return out
+
+
+SERIES_POINTS = 200
+"""Points per curve in ``series``."""
+
+
+def _series(
+    outcome: Outcome,
+    jobs: Sequence[str],
+    *,
+    since: float,
+    until: float,
+    queues: set[str] | None,
+) -> dict[str, Any]:
+    """The wait distribution (quantiles) of ``jobs`` and the share of the fleet's GPUs
+    that ``queues`` held over the window (None: all), in :data:`SERIES_POINTS` points
+    each, for charts."""
+    waits = sorted(
+        (until if s.first_start is None else min(s.first_start, until)) - s.submit
+        for s in (outcome.stories.get(j) for j in jobs)
+        if s is not None
+    )
+    quantiles = []
+    if waits:
+        for i in range(SERIES_POINTS + 1):
+            q = i / SERIES_POINTS
+            quantiles.append([round(q, 4), round(waits[round(q * (len(waits) - 1))], 3)])
+    width = (until - since) / SERIES_POINTS
+    held = [0.0] * SERIES_POINTS
+    for hold in outcome.holds:
+        if queues is not None and hold.queue not in queues:
+            continue
+        start = max(hold.start, since)
+        end = min(until if hold.end is None else hold.end, until)
+        first = int((start - since) // width)
+        while start < end and first < SERIES_POINTS:
+            edge = min(end, since + (first + 1) * width)
+            held[first] += hold.gpus * (edge - start)
+            start, first = edge, first + 1
+    total = fleet_gpus(outcome.cluster)
+    usage = [round(h / (total * width), 4) if total else 0.0 for h in held]
+    return {"wait_quantiles": quantiles, "utilization": usage, "bin_s": width}
