@@ -23,6 +23,7 @@ from allotment.store.jobs import (
     transition_job,
 )
 from allotment.store.models import Event
+from allotment.store.views import last_event_id
 
 S = JobState
 T0 = 1_700_000_000.0
@@ -386,3 +387,21 @@ def test_a_job_that_stops_waiting_drops_its_reason_and_gets_a_new_one_when_reque
         assert record_reason(session, "j-1", Reason(ReasonCode.NO_NODE_FITS, "no room"), at=T0 + 4)
     with sessions() as session:
         assert get_job(session, "j-1").reason_since == T0 + 4
+
+
+def test_last_event_id_moves_with_every_job_written(sessions: sessionmaker[Session]) -> None:
+    marks = []
+    with sessions() as session:
+        marks.append(last_event_id(session))
+    submit(sessions, "j-1")
+    with sessions() as session:
+        marks.append(last_event_id(session))
+    with sessions.begin() as session:
+        reason = Reason(ReasonCode.QUOTA_EXHAUSTED, "queue research has no gpu left")
+        record_reason(session, "j-1", reason, at=T0 + 1)
+    with sessions() as session:
+        marks.append(last_event_id(session))
+    move(sessions, "j-1", S.PENDING, T0 + 2)
+    with sessions() as session:
+        marks.append(last_event_id(session))
+    assert marks[0] == 0 and marks == sorted(set(marks))  # each write moved it on

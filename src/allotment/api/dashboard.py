@@ -5,9 +5,11 @@
 - ``/ui/jobs/<id>`` — one job: state, the ``why`` answer, its timeline from the events,
   the tail of its first replica's output, its spec, and a cancel button for those who
   may cancel it;
-- ``/ui/queues/<name>`` — one queue: its quota and use per pool, its waiting jobs in the
-  order it would admit them with reason, position and estimated start, and its running
-  jobs with how long they have run and what they borrow;
+- ``/ui/queues/<name>`` — one queue: its quota and use per pool, whose unused quota it
+  borrows and who borrows its own (GPUs per pool; :mod:`allotment.api.queue_view`), its
+  waiting jobs in the order it would admit them with reason, position and estimated
+  start, and its running jobs with how long they have run and what they borrow. The
+  line and the loans are computed once per change for all viewers;
 - ``/ui/reports`` — usage, cost, idle waste, waits, failures, preemptions and reclaims
   over a window, with charts (the same figures, tables and charts as ``allot report``),
   and ``/ui/reports.csv`` to download its usage rows;
@@ -43,6 +45,7 @@ from allotment.api.auth import Principal
 from allotment.api.errors import status_for
 from allotment.api.gate import TOKEN_COOKIE
 from allotment.api.policy import Action, Owned, may, require, visible_tenant
+from allotment.api.queue_view import page_loans
 from allotment.api.service import JobService, job_out
 from allotment.domain.errors import AllotmentError, InvalidInput, NotFound
 from allotment.domain.lifecycle import TERMINAL, JobState
@@ -276,8 +279,9 @@ def _queue(svc: JobService, who: Principal, name: str) -> dict[str, Any]:
     require(who, Action.QUEUE_READ, Owned(kind="queue", name=name, tenant=queue.tenant))
     tenant = visible_tenant(who)
     usage = [r for r in _queue_rows(_tree(svc, tenant)) if r["queue"]["name"] == name]
+    view = svc.queue_view(name)  # shared by every viewer: scoped below
+    loans = page_loans(view.loans, svc.cluster, name, tenant)
     with svc.sessions() as db:
-        line = explain.queue_line(db, svc.cluster, name, now=svc.clock(), policy=svc.policy)
         running = []
         for job, attempt in open_attempts(db):
             if job.queue == name:
@@ -295,7 +299,10 @@ def _queue(svc: JobService, who: Principal, name: str) -> dict[str, Any]:
         "who": who,
         "queue": queue,
         "usage": usage,
-        "line": line,
+        "line": view.line,
+        "borrows": loans.borrows,
+        "lends": loans.lends,
+        "split": loans.split,
         "running": running,
         "now": svc.clock(),
     }

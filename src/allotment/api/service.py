@@ -24,6 +24,7 @@ from allotment.api import cluster_config, explain, fleet, schemas
 from allotment.api.errors import BatchTooLarge, IdempotencyKeyReused
 from allotment.api.logs import read_log
 from allotment.api.policy import Owned
+from allotment.api.queue_view import QueueView, SharedViews, compute
 from allotment.control.cluster_state import ClusterState
 from allotment.control.services import free_port
 from allotment.domain.cluster import Cluster, PriorityClass, Queue
@@ -43,6 +44,7 @@ from allotment.store import jobs as job_store
 from allotment.store.batching import GroupCommit
 from allotment.store.layout import Stream
 from allotment.store.models import Event, Job
+from allotment.store.views import last_event_id
 
 Checked = tuple[JobSpec, Queue, PriorityClass]
 """A job file parsed and checked: its spec, its queue and its priority class."""
@@ -154,6 +156,8 @@ class JobService:
         self.policy = policy
         self._apply_lock = threading.RLock()
         self._fleet: FleetFit | None = None
+        self.views: SharedViews[QueueView] = SharedViews()
+        """Queues' lines and loans, shared by the dashboard's viewers."""
 
     def submit(
         self,
@@ -394,6 +398,20 @@ class JobService:
         with self.sessions() as session:
             usage = fleet.Usage(session)
         return fleet.queue_tree(cluster, usage, tenant=tenant)
+
+    def queue_view(self, name: str) -> QueueView:
+        """Queue ``name``'s line and the fleet's loans, unscoped: computed again only
+        when the cluster's version or the store's newest event moved, or after
+        :data:`~allotment.api.queue_view.VIEW_TTL_S` (see :mod:`allotment.api.queue_view`)."""
+        version, cluster = self.state.snapshot()
+        with self.sessions() as session:
+            mark = (version, last_event_id(session))
+
+        def fresh() -> QueueView:
+            with self.sessions() as session:
+                return compute(session, cluster, name, now=self.clock(), policy=self.policy)
+
+        return self.views.get(name, mark, fresh)
 
     def pools(self) -> schemas.PoolList:
         cluster = self.cluster

@@ -156,6 +156,22 @@ class QuotaTree:
         """The queue, its ancestors, then ``ROOT``."""
         return self._chain[queue]
 
+    def children(self, queue: str) -> list[str]:
+        """The queue's children (``ROOT``'s: the root queues)."""
+        return self._children.get(queue, [])
+
+    def lendable(self, queue: str, pool: str, resource: str) -> int:
+        """How much of its nominal quota of ``resource`` the queue's subtree leaves
+        unused for others now: nominal less its occupancy (its demand, or the part its
+        lending limit keeps back when larger); 0 where it names none."""
+        key = (queue, pool)
+        nominal = self._nominal.get(key, {}).get(resource, 0)
+        if nominal <= 0:
+            return 0
+        demand = self._demand[key].get(resource, 0)
+        keep = self._reserved[key].get(resource, 0) if queue != ROOT else 0
+        return max(0, nominal - max(demand, keep))
+
     def _own_limit(self, queue: str, pool: str, resource: str) -> int | None:
         limit = self._limit[(queue, pool)]
         if not limit:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import and_, select
+from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session as DbSession
 
 from allotment.domain.cluster import Cluster
@@ -22,7 +22,7 @@ from allotment.scheduler.snapshot import (
     pending_from_spec,
 )
 from allotment.store.allocations import placements_from_json
-from allotment.store.models import Attempt, Job
+from allotment.store.models import Attempt, Event, Job
 
 
 def pending_of(job: Job, cluster: Cluster) -> PendingJob:
@@ -68,6 +68,13 @@ def open_attempts(db: DbSession, *, lock: bool = False) -> list[tuple[Job, Attem
     if lock:
         query = query.with_for_update(of=Job)
     return [(job, attempt) for job, attempt in db.execute(query).tuples()]
+
+
+def last_event_id(db: DbSession) -> int:
+    """The newest event's id (0: none yet). Every job written (submitted, moved, given a
+    new reason) adds an event, so it moves whenever what the scheduler sees of the jobs
+    does; one index lookup."""
+    return db.scalar(select(func.max(Event.id))) or 0
 
 
 def pending_rows(db: DbSession) -> Sequence[Job]:
