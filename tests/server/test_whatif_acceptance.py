@@ -98,9 +98,19 @@ def test_whatif_replays_recorded_history_faithfully_and_shows_a_proposal(up: Up)
     assert any(line.startswith("a: mean wait") for line in data["worse"]), data["worse"]
     assert data["replay_s"] < 30
 
-    # The table names the fidelity next to every queue, and what gets worse.
-    table = allot(up, "whatif", "-f", str(proposed), "--since", "1h").stdout
-    assert "fidelity error" in table and "worse: a: mean wait" in table
+    # The table names the fidelity next to every queue, and what gets worse; --plot
+    # draws the comparison.
+    plots = up.root / "plots"
+    shown = allot(up, "whatif", "-f", str(proposed), "--since", "1h", "--plot", str(plots))
+    assert "fidelity error" in shown.stdout and "worse: a: mean wait" in shown.stdout
+    for chart in ("wait_cdf.png", "utilization.png", "queue_waits.png"):
+        assert (plots / chart).read_bytes().startswith(b"\x89PNG"), chart
+
+    # apply --dry-run --whatif: the fields that change, and the same comparison.
+    dry = allot(up, "apply", "-f", str(proposed), "--dry-run", "--whatif", "--since", "1h")
+    assert "spec.quota.local.gpu" in dry.stdout and "worse: a: mean wait" in dry.stdout
+    refused = allot(up, "apply", "-f", str(proposed), "--whatif", check=False)
+    assert refused.returncode == 1 and "--dry-run" in refused.stderr
 
     # A tenant admin sees its own tenant's queues only.
     with up.client() as admin:
