@@ -3,8 +3,9 @@
 - ``/`` — the overview: GPUs by pool, the queue tree with quota bars (nominal, used,
   borrowed), running, waiting (with their reasons) and recently ended jobs;
 - ``/ui/jobs/<id>`` — one job: state, the ``why`` answer, its timeline from the events,
-  the tail of its first replica's output, its spec, and a cancel button for those who
-  may cancel it;
+  the tail of one replica's output or errors (``?replica=worker-1&stream=err``; the
+  first replica's output by default) with a link per replica and stream, its spec, and
+  a cancel button for those who may cancel it;
 - ``/ui/queues/<name>`` — one queue: its quota and use per pool, whose unused quota it
   borrows and who borrows its own (GPUs per pool; :mod:`allotment.api.queue_view`), its
   waiting jobs in the order it would admit them with reason, position and estimated
@@ -144,8 +145,31 @@ def overview_live(request: Request, who: CurrentPrincipal) -> HTMLResponse:
     return HTMLResponse(render("overview_live.html", **_overview(_service(request), who)))
 
 
-def _job(svc: JobService, who: Principal, job_id: str) -> dict[str, Any]:
-    """What a job's page shows; raises ``NotFound`` for another tenant's job."""
+LogStream = Literal["out", "err"]
+ReplicaQuery = Annotated[str | None, Query(max_length=128, pattern=r"^[A-Za-z0-9._-]+$")]
+MAX_REPLICA_LINKS = 64
+
+
+def _replicas(spec: dict[str, Any]) -> list[str]:
+    """The job's replica names (``worker-0``, ...), the first :data:`MAX_REPLICA_LINKS`."""
+    names: list[str] = []
+    for group in spec.get("replicas") or []:
+        for index in range(int(group.get("count", 1))):
+            if len(names) == MAX_REPLICA_LINKS:
+                return names
+            names.append(f"{group.get('name', 'worker')}-{index}")
+    return names
+
+
+def _job(
+    svc: JobService,
+    who: Principal,
+    job_id: str,
+    replica: str | None = None,
+    stream: LogStream = "out",
+) -> dict[str, Any]:
+    """What a job's page shows, with the tail of ``replica``'s ``stream`` (default: the
+    first replica's output); raises ``NotFound`` for another tenant's job."""
     owned = svc.owned(job_id=job_id)
     require(who, Action.JOB_READ, owned)
     job = svc.get(job_id=job_id).model_dump()
@@ -156,15 +180,15 @@ def _job(svc: JobService, who: Principal, job_id: str) -> dict[str, Any]:
         chunk = svc.logs(
             job_id=job_id,
             attempt=None,
-            replica=None,
-            stream="out",
+            replica=replica,
+            stream=stream,
             offset=LOG_TAIL,
             limit=LOG_TAIL,
             from_end=True,
         )
-        tail, replica = chunk.data, chunk.replica
+        tail, shown = chunk.data, chunk.replica
     except AllotmentError:  # no such replica (yet): nothing to show
-        tail, replica = "", None
+        tail, shown = "", replica
     usage, cost = _job_usage(svc, job_id, job["attempt"])
     return {
         "who": who,
@@ -174,7 +198,10 @@ def _job(svc: JobService, who: Principal, job_id: str) -> dict[str, Any]:
         "why": why,
         "events": [e.model_dump() for e in svc.events(job_id=job_id).events],
         "log_tail": tail,
-        "log_replica": replica,
+        "log_replica": shown,
+        "log_stream": stream,
+        "replicas": _replicas(job["spec"]),
+        "live_query": urlencode({k: v for k, v in (("replica", replica), ("stream", stream)) if v}),
         "can_cancel": JobState(job["state"]) not in TERMINAL and may(who, Action.JOB_CANCEL, owned),
         "spec_text": json.dumps(job["spec"], indent=2),
     }
@@ -323,13 +350,28 @@ def queue_live(request: Request, name: str, who: CurrentPrincipal) -> HTMLRespon
 
 
 @router.get("/ui/jobs/{job_id}", response_class=HTMLResponse)
-def job_page(request: Request, job_id: str, who: CurrentPrincipal) -> HTMLResponse:
-    return HTMLResponse(render("job.html", **_job(_service(request), who, job_id)))
+def job_page(
+    request: Request,
+    job_id: str,
+    who: CurrentPrincipal,
+    replica: ReplicaQuery = None,
+    stream: LogStream = "out",
+) -> HTMLResponse:
+    """The job's page; ``replica`` and ``stream`` choose the log shown (a shareable link)."""
+    data = _job(_service(request), who, job_id, replica, stream)
+    return HTMLResponse(render("job.html", **data))
 
 
 @router.get("/ui/fragments/jobs/{job_id}", response_class=HTMLResponse)
-def job_live(request: Request, job_id: str, who: CurrentPrincipal) -> HTMLResponse:
-    return HTMLResponse(render("job_live.html", **_job(_service(request), who, job_id)))
+def job_live(
+    request: Request,
+    job_id: str,
+    who: CurrentPrincipal,
+    replica: ReplicaQuery = None,
+    stream: LogStream = "out",
+) -> HTMLResponse:
+    data = _job(_service(request), who, job_id, replica, stream)
+    return HTMLResponse(render("job_live.html", **data))
 
 
 @router.post("/ui/jobs/{job_id}/cancel", response_class=HTMLResponse)
