@@ -40,7 +40,7 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
-def _cell(row: Mapping[str, Any], key: str, fmt: Any = _seconds) -> Text:
+def _cell(row: Mapping[str, Any], key: str, fmt: Any) -> Text:
     """``recorded / in force -> proposed`` of one figure; red where it gets worse."""
     recorded, current, proposed = row["recorded"], row["current"], row.get("proposed")
     parts = f"{fmt(recorded.get(key))} / {fmt(current.get(key))}"
@@ -74,38 +74,50 @@ def comparison_view(data: Mapping[str, Any]) -> RenderableType:
         rows.append(("fleet", [data["total"]]))
     proposed = any(r.get("proposed") for _, group in rows for r in group)
     arrow = " -> proposed" if proposed else ""
+    columns: tuple[tuple[str, tuple[tuple[str, str, Any], ...]], ...] = (
+        (
+            "waits",
+            (
+                ("wait avg", "wait_avg_s", _seconds),
+                ("p50", "wait_p50_s", _seconds),
+                ("p95", "wait_p95_s", _seconds),
+                ("p99", "wait_p99_s", _seconds),
+                ("JCT avg", "jct_avg_s", _seconds),
+                ("not started", "censored", _count),
+            ),
+        ),
+        (
+            "use",
+            (
+                ("utilisation", "utilization", _pct),
+                ("borrowed GPU-h", "borrowed_gpu_hours", _count),
+                ("cost", "cost", _count),
+                ("preemptions", "preemptions", _count),
+                ("violations", "guarantee_violations", _count),
+            ),
+        ),
+    )
     for label, group in rows:
-        table = Table(
-            title=f"per {label}: recorded / replayed in force{arrow}", title_justify="left"
-        )
-        for column in (
-            label,
-            "jobs",
-            "wait avg",
-            "wait p95",
-            "wait p99",
-            "JCT avg",
-            "preemptions",
-            "borrowed GPU-h",
-            "cost",
-            "fidelity error",
-        ):
-            table.add_column(column, justify="left" if column == label else "right")
-        for row in group:
-            err = row.get("wait_error")
-            table.add_row(
-                Text(row["name"]),
-                str(row["recorded"]["jobs"]),
-                _cell(row, "wait_avg_s"),
-                _cell(row, "wait_p95_s"),
-                _cell(row, "wait_p99_s"),
-                _cell(row, "jct_avg_s"),
-                _cell(row, "preemptions", _count),
-                _cell(row, "borrowed_gpu_hours", _count),
-                _cell(row, "cost", _count),
-                Text(f"±{_pct(err)}", style="red" if err and err > fidelity["target"] else ""),
+        for kind, figures in columns:
+            table = Table(
+                title=f"{kind} per {label}: recorded / replayed in force{arrow}",
+                title_justify="left",
             )
-        parts.append(table)
+            table.add_column(label)
+            table.add_column("jobs", justify="right")
+            for header, _, _ in figures:
+                table.add_column(header, justify="right")
+            table.add_column("fidelity error", justify="right")
+            for row in group:
+                err = row.get("wait_error")
+                late = err is not None and err > fidelity["target"]
+                table.add_row(
+                    Text(row["name"]),
+                    str(row["recorded"]["jobs"]),
+                    *(_cell(row, key, fmt) for _, key, fmt in figures),
+                    Text(f"±{_pct(err)}", style="red" if late else ""),
+                )
+            parts.append(table)
     rho = fidelity.get("order_agreement")
     parts.append(
         Text(
