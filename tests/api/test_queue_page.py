@@ -231,3 +231,15 @@ def test_viewers_arriving_together_wait_for_one_computation() -> None:
         thread.join(10)
     assert answers == [42] * 8 and calls == [1]
     assert views.get("q", ("moved",), lambda: 7) == 7  # a new mark: computed again
+
+
+def test_the_overview_says_what_each_queue_lends(lent: tuple[Live, dict[str, str]]) -> None:
+    live, tokens = lent
+    answer = httpx.get(
+        f"{live.url}/", headers={"Authorization": f"Bearer {tokens['root']}"}, timeout=20
+    )
+    assert answer.status_code == 200
+    rows = {row[0]: row for row in Tables(answer.text).tables["queues"]}
+    # queue, tenant, pool, nominal, used, borrowed, lent, ...
+    assert rows["tune"][6] == "0.67" and rows["nlp-q"][6] == "0.33"
+    assert rows["train"][5] == "1" and rows["train"][6] == "0"

@@ -30,6 +30,7 @@ cannot send without this server's consent (:func:`allotment.api.gate.presented_t
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 from urllib.parse import urlencode
 
@@ -48,9 +49,11 @@ from allotment.api.gate import TOKEN_COOKIE
 from allotment.api.policy import Action, Owned, may, require, visible_tenant
 from allotment.api.queue_view import page_loans
 from allotment.api.service import JobService, job_out
+from allotment.domain.cluster import Cluster
 from allotment.domain.errors import AllotmentError, InvalidInput, NotFound
 from allotment.domain.lifecycle import TERMINAL, JobState
-from allotment.domain.resources import GPU
+from allotment.domain.resources import GPU, MILLI
+from allotment.scheduler.lending import Loan
 from allotment.store.allocations import placements_from_json
 from allotment.store.jobs import list_jobs, recent_jobs
 from allotment.store.models import Alert, Attempt, DeviceUsage
@@ -103,6 +106,20 @@ def _queue_rows(queues: list[dict[str, Any]], depth: int = 0) -> list[dict[str, 
     return rows
 
 
+def _add_lent(rows: list[dict[str, Any]], loans: Sequence[Loan], cluster: Cluster) -> None:
+    """Set each row's ``lent``: GPUs of the queue's subtree's unused quota in its pool
+    that queues outside it use now."""
+    for row in rows:
+        name = row["queue"]["name"]
+        inside = {q.name for q in cluster.queues.values() if name in q.path}
+        milli = sum(
+            loan.amount
+            for loan in loans
+            if loan.pool == row["pool"] and loan.lender in inside and loan.borrower not in inside
+        )
+        row["lent"] = round(milli / MILLI, 2)
+
+
 def _overview(svc: JobService, who: Principal) -> dict[str, Any]:
     tenant = visible_tenant(who)
     with svc.sessions() as db:
@@ -115,11 +132,13 @@ def _overview(svc: JobService, who: Principal) -> dict[str, Any]:
         ended = recent_jobs(db, tenant=tenant, states=ENDED, limit=20)
         finished = [job_out(j).model_dump() for j in ended]
     queues = _tree(svc, tenant)
+    rows = _queue_rows(queues)
+    _add_lent(rows, svc.fleet_loans(), svc.cluster)
     return {
         "who": who,
         "now": svc.clock(),
         "pools": [p.model_dump() for p in svc.pools().pools],
-        "queue_rows": _queue_rows(queues),
+        "queue_rows": rows,
         "active": active,
         "waiting": waiting,
         "finished": finished,

@@ -37,6 +37,7 @@ from allotment.domain.notebook import notebook_path, serving_notebook
 from allotment.domain.scopes import check_mounts
 from allotment.domain.tenancy import DEFAULT_TENANT
 from allotment.scheduler.fleet import FleetFit
+from allotment.scheduler.lending import Loan, loans_now
 from allotment.scheduler.snapshot import ReplicaRequest, SchedulerPolicy
 from allotment.store import configs as config_store
 from allotment.store import idempotency
@@ -44,7 +45,7 @@ from allotment.store import jobs as job_store
 from allotment.store.batching import GroupCommit
 from allotment.store.layout import Stream
 from allotment.store.models import Event, Job
-from allotment.store.views import last_event_id
+from allotment.store.views import last_event_id, snapshot_from_store
 
 Checked = tuple[JobSpec, Queue, PriorityClass]
 """A job file parsed and checked: its spec, its queue and its priority class."""
@@ -157,6 +158,7 @@ class JobService:
         self._apply_lock = threading.RLock()
         self._fleet: FleetFit | None = None
         self.views: SharedViews[QueueView] = SharedViews()
+        self.loan_views: SharedViews[tuple[Loan, ...]] = SharedViews()
         """Queues' lines and loans, shared by the dashboard's viewers."""
 
     def submit(
@@ -412,6 +414,22 @@ class JobService:
                 return compute(session, cluster, name, now=self.clock(), policy=self.policy)
 
         return self.views.get(name, mark, fresh)
+
+    def fleet_loans(self) -> tuple[Loan, ...]:
+        """Every loan of the fleet now (who uses whose unused quota), unscoped; shared by
+        every viewer as :meth:`queue_view` is."""
+        version, cluster = self.state.snapshot()
+        with self.sessions() as session:
+            mark = (version, last_event_id(session))
+
+        def fresh() -> tuple[Loan, ...]:
+            with self.sessions() as session:
+                snapshot = snapshot_from_store(
+                    session, cluster, now=self.clock(), policy=self.policy
+                )
+            return tuple(loans_now(snapshot))
+
+        return self.loan_views.get("", mark, fresh)
 
     def pools(self) -> schemas.PoolList:
         cluster = self.cluster
