@@ -16,6 +16,7 @@ from rich.text import Text
 from allotment.cli.common import Output, OutputOption, console, print_json
 from allotment.cli.live import TokenOption, UrlOption, connect, read_text
 from allotment.domain.errors import InvalidInput
+from allotment.web.report import ratio, seconds
 
 SinceOption = Annotated[
     str, typer.Option("--since", help="Start: a duration before --until (7d, 12h), or a time.")
@@ -24,20 +25,6 @@ UntilOption = Annotated[
     str | None,
     typer.Option("--until", help="End: an ISO 8601 time or epoch seconds; default now."),
 ]
-
-
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value < 120:
-        return f"{value:.1f}s"
-    if value < 7200:
-        return f"{value / 60:.1f}m"
-    return f"{value / 3600:.1f}h"
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0%}"
 
 
 def _cell(row: Mapping[str, Any], key: str, fmt: Any) -> Text:
@@ -78,18 +65,18 @@ def comparison_view(data: Mapping[str, Any]) -> RenderableType:
         (
             "waits",
             (
-                ("wait avg", "wait_avg_s", _seconds),
-                ("p50", "wait_p50_s", _seconds),
-                ("p95", "wait_p95_s", _seconds),
-                ("p99", "wait_p99_s", _seconds),
-                ("JCT avg", "jct_avg_s", _seconds),
+                ("wait avg", "wait_avg_s", seconds),
+                ("p50", "wait_p50_s", seconds),
+                ("p95", "wait_p95_s", seconds),
+                ("p99", "wait_p99_s", seconds),
+                ("JCT avg", "jct_avg_s", seconds),
                 ("not started", "censored", _count),
             ),
         ),
         (
             "use",
             (
-                ("utilisation", "utilization", _pct),
+                ("utilisation", "utilization", ratio),
                 ("borrowed GPU-h", "borrowed_gpu_hours", _count),
                 ("cost", "cost", _count),
                 ("preemptions", "preemptions", _count),
@@ -115,15 +102,15 @@ def comparison_view(data: Mapping[str, Any]) -> RenderableType:
                     Text(row["name"]),
                     str(row["recorded"]["jobs"]),
                     *(_cell(row, key, fmt) for _, key, fmt in figures),
-                    Text(f"±{_pct(err)}", style="red" if late else ""),
+                    Text(f"±{ratio(err)}", style="red" if late else ""),
                 )
             parts.append(table)
     rho = fidelity.get("order_agreement")
     parts.append(
         Text(
             f"fidelity: the replay of the configuration in force against what happened: "
-            f"mean wait error {_pct(fidelity.get('wait_error'))} over the fleet, worst queue "
-            f"{_pct(fidelity.get('worst_queue_error'))} (target {_pct(fidelity['target'])})"
+            f"mean wait error {ratio(fidelity.get('wait_error'))} over the fleet, worst queue "
+            f"{ratio(fidelity.get('worst_queue_error'))} (target {ratio(fidelity['target'])})"
             + ("" if rho is None else f"; admission order agreement {rho:.2f}")
         )
     )

@@ -246,17 +246,18 @@ def write_plots(
         (WAIT_CDF_PNG, _wait_cdf_figure(results)),
         (QUEUE_SHARE_PNG, _queue_share_figure(results, cluster)),
     )
-    written: list[Path] = []
-    for name, figure in charts:
-        path = directory / name
-        try:
-            figure.savefig(path, format="png", dpi=DPI)
-        except OSError as exc:
-            raise InvalidInput(
-                f"cannot write {path}: {exc.strerror or exc}", fields={"path": str(path)}
-            ) from None
-        written.append(path)
-    return written
+    return [save_png(figure, directory / name) for name, figure in charts]
+
+
+def save_png(figure: Figure, path: Path) -> Path:
+    """Write ``figure`` as a PNG at ``path``; :class:`InvalidInput` if it cannot be."""
+    try:
+        figure.savefig(path, format="png", dpi=DPI)
+    except OSError as exc:
+        raise InvalidInput(
+            f"cannot write {path}: {exc.strerror or exc}", fields={"path": str(path)}
+        ) from None
+    return path
 
 
 def _figure(name: str) -> Figure:

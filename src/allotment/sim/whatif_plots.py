@@ -13,8 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from allotment.domain.errors import InvalidInput
-from allotment.sim.plots import DPI, WAIT_FLOOR_S, plot_directory
+from allotment.sim.plots import DPI, WAIT_FLOOR_S, plot_directory, save_png
 
 LABELS = {"recorded": "recorded", "current": "replayed in force", "proposed": "proposed"}
 COLORS = {"recorded": "C7", "current": "C0", "proposed": "C3"}
@@ -30,14 +29,7 @@ def write_whatif_plots(data: Mapping[str, Any], directory: Path) -> list[Path]:
     written: list[Path] = []
 
     def save(name: str, figure: Figure) -> None:
-        path = directory / name
-        try:
-            figure.savefig(path, format="png", dpi=DPI)
-        except OSError as exc:
-            raise InvalidInput(
-                f"cannot write {path}: {exc.strerror or exc}", fields={"path": str(path)}
-            ) from None
-        written.append(path)
+        written.append(save_png(figure, directory / name))
 
     def figure(width: int, height: int) -> Figure:
         made = Figure(figsize=(width / DPI, height / DPI), dpi=DPI, layout="constrained")
