@@ -369,17 +369,25 @@ def whatif_proposed(
     )
 
 
-@router.get("/history/export", response_class=PlainTextResponse)
+class CsvResponse(PlainTextResponse):
+    media_type = "text/csv"
+
+
+@router.get(
+    "/history/export",
+    response_class=Response,
+    responses={200: {"content": {"text/csv": {"schema": {"type": "string"}}}}},
+)
 def history_export(
     svc: Service,
     who: HistoryReader,
     since: Annotated[str, Query(min_length=1, max_length=64)] = "7d",
     until: Annotated[str | None, Query(max_length=64)] = None,
-) -> PlainTextResponse:
+) -> CsvResponse:
     """The recorded jobs as a generic trace CSV, without names, commands or users (see
     ``allot history export``); ``X-Left-Out`` counts the jobs that never completed a run."""
     text, left_out = whatif.history_export(svc, who, since=since, until=until)
-    return PlainTextResponse(text, media_type="text/csv", headers={"X-Left-Out": str(left_out)})
+    return CsvResponse(text, headers={"X-Left-Out": str(left_out)})
 
 
 @router.get("/alerts", response_model=schemas.AlertPage)
