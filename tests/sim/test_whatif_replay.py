@@ -290,3 +290,32 @@ def test_order_agreement_is_one_for_the_same_order_and_minus_one_reversed(
     ids = [job.id for job in history]
     assert order_agreement(a, a, ids) == 1.0
     assert order_agreement(a, b, ids) == -1.0
+
+
+def test_the_version_in_force_at_each_submission_takes_the_job(cluster: Cluster) -> None:
+    """A queue added by a later version takes its jobs from then on; a job of a queue
+    that no version has (a history older than the stored versions) is left out and
+    counted, not an error."""
+    without_b = load_cluster_text(
+        TINY_CLUSTER.replace(
+            "      - {name: team-b, quota: {a100: {gpu: 4, cpu: 32, memory: 256Gi}}}\n", ""
+        ),
+        source="v1",
+    )
+    history = [
+        recorded("a", T0 + 1, (run(T0 + 1, T0 + 11),)),
+        recorded("b", T0 + 60, (run(T0 + 60, T0 + 70),), queue="team-b"),
+        recorded("x", T0 + 61, (run(T0 + 61, T0 + 71),), queue="gone"),
+    ]
+    out = compare(
+        history,
+        since=T0,
+        until=T0 + 100,
+        in_force=[(T0, without_b), (T0 + 50, cluster)],
+        proposed=None,
+        policy=parse_policy("default"),
+    )
+    rows = {row["name"]: row for row in out["queues"]}
+    assert rows["team-b"]["current"]["wait_avg_s"] == 0.0
+    assert rows["team-b"]["current"]["jobs"] == 1
+    assert out["assumed"]["unknown_queue"] == 1

@@ -120,7 +120,12 @@ def comparison_view(data: Mapping[str, Any]) -> RenderableType:
             f"assumed: {assumed['estimated_runs']} run times estimated, "
             f"{assumed['open_runs']} runs still going at the end, "
             f"{assumed['withdrawn']} jobs cancelled while waiting, "
-            f"{assumed['default_priority_class']} jobs given their queue's default class",
+            f"{assumed['default_priority_class']} jobs given their queue's default class"
+            + (
+                f", {assumed['unknown_queue']} jobs of a queue no stored version has left out"
+                if assumed.get("unknown_queue")
+                else ""
+            ),
             style="dim",
         )
     )

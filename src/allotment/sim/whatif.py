@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import time
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -308,17 +309,33 @@ def worse(name: str, current: Mapping[str, Any], proposed: Mapping[str, Any]) ->
     return out
 
 
+def _fit(job: TraceJob, cluster: Cluster) -> tuple[TraceJob | None, bool]:
+    """``job`` as ``cluster`` can take it (None: its queue is not a leaf there), and
+    whether its priority class, not allowed there, became the queue's default."""
+    queue = cluster.queues.get(job.queue)
+    if queue is None or not queue.is_leaf:
+        return None, False
+    if cluster.priority_class_for(queue, job.priority_class) is None:
+        return replace(job, priority_class=None), True
+    return job, False
+
+
 def fit_jobs(
     jobs: Sequence[TraceJob], cluster: Cluster, *, source: str
 ) -> tuple[list[TraceJob], int]:
     """The jobs as ``cluster`` can take them: a priority class it does not allow in a
     job's queue becomes that queue's default (counted). Raises :class:`InvalidInput`
     naming every queue of the jobs that it lacks or that has child queues."""
+    fitted: list[TraceJob] = []
     missing: dict[str, int] = {}
+    moved = 0
     for job in jobs:
-        queue = cluster.queues.get(job.queue)
-        if queue is None or not queue.is_leaf:
+        fit, reset = _fit(job, cluster)
+        if fit is None:
             missing[job.queue] = missing.get(job.queue, 0) + 1
+            continue
+        fitted.append(fit)
+        moved += reset
     if missing:
         named = ", ".join(
             f"{q!r} ({n} job{'s' if n != 1 else ''})" for q, n in sorted(missing.items())
@@ -329,15 +346,27 @@ def fit_jobs(
             f"(its leaf queues: {leaves})",
             fields={"queues": sorted(missing)},
         )
-    fitted: list[TraceJob] = []
-    moved = 0
-    for job in jobs:
-        queue = cluster.queues[job.queue]
-        if cluster.priority_class_for(queue, job.priority_class) is None:
-            job = replace(job, priority_class=None)
-            moved += 1
-        fitted.append(job)
     return fitted, moved
+
+
+def fit_in_force(
+    jobs: Sequence[TraceJob], versions: Sequence[tuple[float, Cluster]]
+) -> tuple[list[TraceJob], int]:
+    """The jobs as the version in force at each one's submission takes it; a job whose
+    queue was no leaf then (a history older than the stored versions) is left out, and
+    counted."""
+    ordered = sorted(versions, key=lambda v: v[0])
+    times = [at for at, _ in ordered]
+    fitted: list[TraceJob] = []
+    left_out = 0
+    for job in jobs:
+        cluster = ordered[max(0, bisect_right(times, job.submit_time) - 1)][1]
+        fit, _ = _fit(job, cluster)
+        if fit is None:
+            left_out += 1
+        else:
+            fitted.append(fit)
+    return fitted, left_out
 
 
 def _in_force(
@@ -380,7 +409,7 @@ def compare(
     first, changes = _in_force(in_force, start, until)
     latest = sorted(in_force, key=lambda v: v[0])[-1][1]
     outcomes: dict[str, Outcome] = {"recorded": recorded_outcome(recorded, latest, until)}
-    current_jobs, _ = fit_jobs(trace.jobs, latest, source="the configuration in force")
+    current_jobs, left_out = fit_in_force(trace.jobs, in_force)
     moved = 0
     proposed_jobs: list[TraceJob] = []
     if proposed is not None:
@@ -447,6 +476,7 @@ def compare(
             "open_runs": trace.open_runs,
             "withdrawn": trace.withdrawn,
             "default_priority_class": moved,
+            "unknown_queue": left_out,
             "turn_s": round(trace.turn, 3),
             "stop_latency_s": round(trace.stop_latency, 3),
         },
