@@ -282,11 +282,11 @@ def test_order_agreement_is_one_for_the_same_order_and_minus_one_reversed(
     cluster: Cluster,
 ) -> None:
     history = [recorded(f"j{i}", T0, (run(T0 + i, T0 + i + 1),)) for i in range(5)]
-    a = recorded_outcome(history, cluster, T0 + 100)
+    a = recorded_outcome(history, cluster)
     reversed_history = [
         replace(job, runs=(run(T0 + 10 - i, T0 + 11 - i),)) for i, job in enumerate(history)
     ]
-    b = recorded_outcome(reversed_history, cluster, T0 + 100)
+    b = recorded_outcome(reversed_history, cluster)
     ids = [job.id for job in history]
     assert order_agreement(a, a, ids) == 1.0
     assert order_agreement(a, b, ids) == -1.0

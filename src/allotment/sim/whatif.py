@@ -99,14 +99,19 @@ class Outcome:
     violations: dict[str, int] | None = None
 
 
-def recorded_outcome(recorded: Sequence[RecordedJob], cluster: Cluster, until: float) -> Outcome:
-    """What really happened (as far as the store knew at ``until``)."""
+def recorded_outcome(
+    recorded: Sequence[RecordedJob], cluster: Cluster, gpus: Mapping[str, int] | None = None
+) -> Outcome:
+    """What really happened, as far as the store knew; ``gpus``: each job's milli-GPUs
+    (default: read from the jobs' specs)."""
+    if gpus is None:
+        gpus = {job.job_id: job.total_gpus for job in replay_jobs(recorded).jobs}
     stories: dict[str, Story] = {}
     holds: list[Hold] = []
     for job in recorded:
         end = None
         last = job.runs[-1] if job.runs else None
-        if last is not None and last.released is not None and last.ended_as in _FINISHED:
+        if last is not None and last.released is not None and job.state in _FINISHED:
             end = last.released
         stories[job.id] = Story(
             job.queue,
@@ -115,24 +120,12 @@ def recorded_outcome(recorded: Sequence[RecordedJob], cluster: Cluster, until: f
             end,
             sum(1 for r in job.runs if r.ended_as == PREEMPTED),
         )
-        gpus = _gpus(job.spec)
         for run in job.runs:
             held_until = run.released if run.stopped is None else run.stopped
             holds.append(
-                Hold(job.queue, run.admitted, held_until, gpus, run.borrowed_gpus, run.pool)
+                Hold(job.queue, run.admitted, held_until, gpus[job.id], run.borrowed_gpus, run.pool)
             )
     return Outcome(stories, holds, cluster)
-
-
-def _gpus(spec: Mapping[str, Any]) -> int:
-    from allotment.domain.resources import parse_quantity
-
-    total = 0
-    for group in spec.get("replicas") or []:
-        amount = (group.get("resources") or {}).get(GPU)
-        if amount is not None:
-            total += int(group.get("count", 1)) * parse_quantity(amount, name=GPU)
-    return total
 
 
 def replayed_outcome(result: ReplayResult, cluster: Cluster, queues: Mapping[str, str]) -> Outcome:
@@ -408,7 +401,8 @@ def compare(
     start = min((job.submit_time for job in trace.jobs), default=since)
     first, changes = _in_force(in_force, start, until)
     latest = sorted(in_force, key=lambda v: v[0])[-1][1]
-    outcomes: dict[str, Outcome] = {"recorded": recorded_outcome(recorded, latest, until)}
+    gpus = {job.job_id: job.total_gpus for job in trace.jobs}
+    outcomes: dict[str, Outcome] = {"recorded": recorded_outcome(recorded, latest, gpus)}
     current_jobs, left_out = fit_in_force(trace.jobs, in_force)
     moved = 0
     proposed_jobs: list[TraceJob] = []
