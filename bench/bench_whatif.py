@@ -32,7 +32,7 @@ from allotment.domain.loading import load_cluster_text
 from allotment.scheduler.snapshot import SchedulerPolicy
 from allotment.sim.replay import Replay
 from allotment.sim.trace import TraceJob
-from allotment.sim.whatif import compare
+from allotment.sim.whatif import compare, workers_for
 from allotment.store import migrate
 from allotment.store.db import make_engine, session_factory
 from allotment.store.history import recorded_jobs
@@ -227,6 +227,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             in_force=[(0.0, in_force)],
             proposed=proposed,
             policy=SchedulerPolicy(),
+            workers=workers_for(len(recorded)),
         )
         compare_s = time.perf_counter() - started
         print(f"compare: two replays and the figures in {compare_s:.2f} s")
@@ -238,6 +239,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "read_s": round(read_s, 2),
         "compare_s": round(compare_s, 2),
         "total_s": round(read_s + compare_s, 2),
+        "workers": workers_for(len(recorded)),
         "fidelity_wait_error": out["fidelity"]["wait_error"],
         "worst_queue_error": out["fidelity"]["worst_queue_error"],
         "q0_wait_avg_s": [q0[k]["wait_avg_s"] for k in ("recorded", "current", "proposed")],

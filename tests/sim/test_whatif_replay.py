@@ -319,3 +319,22 @@ def test_the_version_in_force_at_each_submission_takes_the_job(cluster: Cluster)
     assert rows["team-b"]["current"]["wait_avg_s"] == 0.0
     assert rows["team-b"]["current"]["jobs"] == 1
     assert out["assumed"]["unknown_queue"] == 1
+
+
+def test_two_processes_give_the_same_comparison_as_one(cluster: Cluster) -> None:
+    history = [
+        recorded(f"j{i}", T0 + i, (run(T0 + i, T0 + i + 30),), queue=("team-a", "team-b")[i % 2])
+        for i in range(12)
+    ]
+    bigger = load_cluster_text(TINY_CLUSTER.replace("gpu: 4, cpu: 32", "gpu: 8, cpu: 32", 1))
+    args: dict[str, Any] = {
+        "since": T0,
+        "until": T0 + 100,
+        "in_force": [(0.0, cluster)],
+        "proposed": bigger,
+        "policy": parse_policy("default"),
+    }
+    one, two = compare(history, **args), compare(history, workers=2, **args)
+    for out in (one, two):
+        out.pop("replay_s")
+    assert one == two

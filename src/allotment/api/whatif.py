@@ -22,7 +22,7 @@ from allotment.domain.tenancy import DEFAULT_TENANT
 from allotment.scheduler.snapshot import SchedulerPolicy
 from allotment.sim.history import trace_csv
 from allotment.sim.policies import parse_policy
-from allotment.sim.whatif import compare
+from allotment.sim.whatif import compare, workers_for
 from allotment.store.history import config_versions, recorded_jobs
 
 PROPOSED = "proposed.yaml"
@@ -69,6 +69,7 @@ def whatif(
         policy=chosen,
         series=series,
         visible=visible,
+        workers=workers_for(len(recorded)),
     )
     out["versions"] = [v.version for v in versions]
     if tenant is None:
