@@ -205,6 +205,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--queues", type=int, default=8)
     parser.add_argument("--load", type=float, default=0.85)
     parser.add_argument("--db", help="A PostgreSQL URL (default: SQLite in a temporary dir).")
+    parser.add_argument(
+        "--workers", type=int, help="Processes for the two replays (default: as the server)."
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         url = args.db or f"sqlite:///{Path(tmp) / 'allotment.db'}"
@@ -217,6 +220,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             recorded = recorded_jobs(session, since=since, until=until)
         read_s = time.perf_counter() - started
         print(f"read: {len(recorded):,} recorded jobs in {read_s:.2f} s")
+        workers = args.workers or workers_for(len(recorded))
         in_force = load_cluster_text(cluster_text(args.nodes, args.queues))
         proposed = load_cluster_text(cluster_text(args.nodes, args.queues, double=0))
         started = time.perf_counter()
@@ -227,7 +231,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             in_force=[(0.0, in_force)],
             proposed=proposed,
             policy=SchedulerPolicy(),
-            workers=workers_for(len(recorded)),
+            workers=workers,
         )
         compare_s = time.perf_counter() - started
         print(f"compare: two replays and the figures in {compare_s:.2f} s")
@@ -239,7 +243,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "read_s": round(read_s, 2),
         "compare_s": round(compare_s, 2),
         "total_s": round(read_s + compare_s, 2),
-        "workers": workers_for(len(recorded)),
+        "workers": workers,
         "fidelity_wait_error": out["fidelity"]["wait_error"],
         "worst_queue_error": out["fidelity"]["worst_queue_error"],
         "q0_wait_avg_s": [q0[k]["wait_avg_s"] for k in ("recorded", "current", "proposed")],
