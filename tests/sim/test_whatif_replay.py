@@ -20,7 +20,8 @@ from allotment.sim.policies import parse_policy
 from allotment.sim.replay import Replay
 from allotment.sim.results import CANCELLED, FAILED, SUCCEEDED, UNFINISHED
 from allotment.sim.trace import TraceJob, read_trace_rows
-from allotment.sim.whatif import compare, fit_jobs, order_agreement, recorded_outcome, worse
+from allotment.sim.whatif import compare, fit_jobs
+from allotment.sim.whatif_figures import order_agreement, recorded_outcome, worse
 
 T0 = 1_800_000_000.0
 
