@@ -164,3 +164,10 @@ def test_history_export_is_a_trace_without_names_scoped_to_the_tenant(people: Pe
         headers={"Authorization": f"Bearer {people.tokens['root']}"},
     )
     assert response.headers["content-type"].startswith("text/csv")
+
+
+def test_a_tenant_admin_sees_no_fleet_counts(people: People) -> None:
+    data = people["nina"].whatif(since="1h")
+    assert [row["name"] for row in data["queues"]] == ["nlp-q"]
+    assert data["replayed_jobs"] is None and data["assumed"]["estimated_runs"] is None
+    assert data["assumed"]["turn_s"] == 0.0

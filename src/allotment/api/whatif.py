@@ -78,6 +78,11 @@ def whatif(
     out["tenants"] = [t for t in out["tenants"] if t["name"] == tenant]
     out["total"] = None
     out["jobs"] = sum(q["recorded"]["jobs"] for q in out["queues"])
+    out["replayed_jobs"] = None
+    # The fleet's counts say how much other tenants ran: only the loop's timings stay.
+    out["assumed"] = {
+        key: value if key.endswith("_s") else None for key, value in out["assumed"].items()
+    }
     out["worse"] = [w for r in (*out["queues"], *out["tenants"]) for w in r["worse"]]
     errors = [q["wait_error"] for q in out["queues"] if q["wait_error"] is not None]
     out["fidelity"] = {

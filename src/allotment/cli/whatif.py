@@ -115,20 +115,22 @@ def comparison_view(data: Mapping[str, Any]) -> RenderableType:
         )
     )
     assumed = data["assumed"]
-    parts.append(
-        Text(
-            f"assumed: {assumed['estimated_runs']} run times estimated, "
-            f"{assumed['open_runs']} runs still going at the end, "
-            f"{assumed['withdrawn']} jobs cancelled while waiting, "
-            f"{assumed['default_priority_class']} jobs given their queue's default class"
-            + (
-                f", {assumed['unknown_queue']} jobs of a queue no stored version has left out"
-                if assumed.get("unknown_queue")
-                else ""
-            ),
-            style="dim",
+    said = [
+        f"{assumed[key]} {words}"
+        for key, words in (
+            ("estimated_runs", "run times estimated"),
+            ("open_runs", "runs still going at the end"),
+            ("withdrawn", "jobs cancelled while waiting"),
+            ("default_priority_class", "jobs given their queue's default class"),
+            ("unknown_queue", "jobs of a queue no stored version has left out"),
         )
+        if assumed.get(key)
+    ]
+    said.append(
+        f"the loop's turn {assumed['turn_s']:g} s and a preemption's stop "
+        f"{assumed['stop_latency_s']:g} s, read from the recording"
     )
+    parts.append(Text("assumed: " + "; ".join(said), style="dim"))
     for line in data["worse"]:
         parts.append(Text(f"worse: {line}", style="red"))
     if proposed and not data["worse"]:
