@@ -175,7 +175,7 @@ def test_refreshes_without_a_change_compute_the_line_once(
         clock=FakeClock(),
     )
     ticks = Monotonic()
-    app.state.service.views = SharedViews(clock=ticks)
+    app.state.service.lines = SharedViews(clock=ticks)
     computed: list[str] = []
     real = explain.queue_line
 

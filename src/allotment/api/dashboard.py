@@ -325,8 +325,8 @@ def _queue(svc: JobService, who: Principal, name: str) -> dict[str, Any]:
     require(who, Action.QUEUE_READ, Owned(kind="queue", name=name, tenant=queue.tenant))
     tenant = visible_tenant(who)
     usage = [r for r in _queue_rows(_tree(svc, tenant)) if r["queue"]["name"] == name]
-    view = svc.queue_view(name)  # shared by every viewer: scoped below
-    loans = page_loans(view.loans, svc.cluster, name, tenant)
+    line = svc.queue_line(name)  # shared by every viewer, as the loans: scoped below
+    loans = page_loans(svc.fleet_loans(), svc.cluster, name, tenant)
     with svc.sessions() as db:
         running = []
         for job, attempt in open_attempts(db):
@@ -345,7 +345,7 @@ def _queue(svc: JobService, who: Principal, name: str) -> dict[str, Any]:
         "who": who,
         "queue": queue,
         "usage": usage,
-        "line": view.line,
+        "line": line,
         "borrows": loans.borrows,
         "lends": loans.lends,
         "split": loans.split,

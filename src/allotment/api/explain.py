@@ -214,14 +214,11 @@ def queue_line(
     *,
     now: float,
     policy: SchedulerPolicy | None = None,
-    snapshot: Snapshot | None = None,
 ) -> list[dict[str, object]]:
     """Queue ``queue``'s waiting jobs in the order it would admit them, each with
     ``job``, ``reason`` (code and message), ``position`` and ``estimated_start``: what
-    ``why`` says of each, from one snapshot (``snapshot`` when given, else read now),
-    one cycle and one estimate for all."""
-    if snapshot is None:
-        snapshot = snapshot_from_store(db, cluster, now=now, policy=policy)
+    ``why`` says of each, from one snapshot, one cycle and one estimate for all."""
+    snapshot = snapshot_from_store(db, cluster, now=now, policy=policy)
     decisions = schedule_once(snapshot)
     estimates = estimate_starts(snapshot)
     order = decisions.queue_order.get(queue, [])

@@ -1,10 +1,12 @@
-"""The costly part of a queue's dashboard page, computed once for all its viewers: the
-queue's line (:func:`allotment.api.explain.queue_line`: a snapshot of the store, one
-scheduling cycle and the start estimates) and who borrows from whom
-(:mod:`allotment.scheduler.lending`, on the quota tree of the same snapshot).
+"""The costly parts of the dashboard's live pages, computed once for all their viewers:
+a queue's line (:func:`allotment.api.explain.queue_line`: a snapshot of the store, one
+scheduling cycle and the start estimates) and who borrows from whom across the fleet
+(:func:`fleet_loans`, :mod:`allotment.scheduler.lending` on the quota tree of a
+snapshot), which the queue pages and the overview share. :class:`JobService` holds one
+:class:`SharedViews` of each (``queue_line``, ``fleet_loans``).
 
-The page's live part reloads every two seconds in every open browser, so
-:class:`SharedViews` keeps one answer per queue:
+The live parts reload every two seconds in every open browser, so :class:`SharedViews`
+keeps one answer per name:
 
 * it is used again as long as the *state mark* it was computed at stands — the
   cluster's version (:attr:`~allotment.control.cluster_state.ClusterState.version`:
@@ -33,7 +35,6 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy.orm import Session as DbSession
 
-from allotment.api import explain
 from allotment.domain.cluster import Cluster
 from allotment.domain.resources import MILLI
 from allotment.scheduler.lending import UNASSIGNED, Loan, loans_now
@@ -80,22 +81,15 @@ class SharedViews(Generic[T]):
             return value
 
 
-@dataclass(frozen=True, slots=True)
-class QueueView:
-    """A queue's line and every loan of the fleet, unscoped."""
-
-    line: list[dict[str, object]]
-    loans: tuple[Loan, ...]
+Line = list[dict[str, object]]
+"""A queue's line: its waiting jobs in order, with reason, position and estimated start."""
 
 
-def compute(
-    db: DbSession, cluster: Cluster, queue: str, *, now: float, policy: SchedulerPolicy | None
-) -> QueueView:
-    """``queue``'s view from one snapshot of the store at ``now``."""
-    snapshot = snapshot_from_store(db, cluster, now=now, policy=policy)
-    loans = tuple(loans_now(snapshot))
-    line = explain.queue_line(db, cluster, queue, now=now, policy=policy, snapshot=snapshot)
-    return QueueView(line=line, loans=loans)
+def fleet_loans(
+    db: DbSession, cluster: Cluster, *, now: float, policy: SchedulerPolicy | None
+) -> tuple[Loan, ...]:
+    """Every loan of the fleet, from a snapshot of the store at ``now``, unscoped."""
+    return tuple(loans_now(snapshot_from_store(db, cluster, now=now, policy=policy)))
 
 
 @dataclass(frozen=True, slots=True)

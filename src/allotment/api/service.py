@@ -20,11 +20,11 @@ from pathlib import Path
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from allotment.api import cluster_config, explain, fleet, schemas
+from allotment.api import cluster_config, explain, fleet, queue_view, schemas
 from allotment.api.errors import BatchTooLarge, IdempotencyKeyReused
 from allotment.api.logs import read_log
 from allotment.api.policy import Owned
-from allotment.api.queue_view import QueueView, SharedViews, compute
+from allotment.api.queue_view import SharedViews
 from allotment.control.cluster_state import ClusterState
 from allotment.control.services import free_port
 from allotment.domain.cluster import Cluster, PriorityClass, Queue
@@ -37,7 +37,7 @@ from allotment.domain.notebook import notebook_path, serving_notebook
 from allotment.domain.scopes import check_mounts
 from allotment.domain.tenancy import DEFAULT_TENANT
 from allotment.scheduler.fleet import FleetFit
-from allotment.scheduler.lending import Loan, loans_now
+from allotment.scheduler.lending import Loan
 from allotment.scheduler.snapshot import ReplicaRequest, SchedulerPolicy
 from allotment.store import configs as config_store
 from allotment.store import idempotency
@@ -45,7 +45,7 @@ from allotment.store import jobs as job_store
 from allotment.store.batching import GroupCommit
 from allotment.store.layout import Stream
 from allotment.store.models import Event, Job
-from allotment.store.views import last_event_id, snapshot_from_store
+from allotment.store.views import last_event_id
 
 Checked = tuple[JobSpec, Queue, PriorityClass]
 """A job file parsed and checked: its spec, its queue and its priority class."""
@@ -157,8 +157,8 @@ class JobService:
         self.policy = policy
         self._apply_lock = threading.RLock()
         self._fleet: FleetFit | None = None
-        self.views: SharedViews[QueueView] = SharedViews()
-        self.loan_views: SharedViews[tuple[Loan, ...]] = SharedViews()
+        self.lines: SharedViews[queue_view.Line] = SharedViews()
+        self.loans: SharedViews[tuple[Loan, ...]] = SharedViews()
         """Queues' lines and loans, shared by the dashboard's viewers."""
 
     def submit(
@@ -401,35 +401,38 @@ class JobService:
             usage = fleet.Usage(session)
         return fleet.queue_tree(cluster, usage, tenant=tenant)
 
-    def queue_view(self, name: str) -> QueueView:
-        """Queue ``name``'s line and the fleet's loans, unscoped: computed again only
-        when the cluster's version or the store's newest event moved, or after
-        :data:`~allotment.api.queue_view.VIEW_TTL_S` (see :mod:`allotment.api.queue_view`)."""
+    def _mark(self) -> tuple[Cluster, tuple[int, int]]:
+        """The cluster in use and the state mark of a shared view: the cluster's version
+        and the store's newest event id (see :mod:`allotment.api.queue_view`)."""
         version, cluster = self.state.snapshot()
         with self.sessions() as session:
-            mark = (version, last_event_id(session))
+            return cluster, (version, last_event_id(session))
 
-        def fresh() -> QueueView:
+    def queue_line(self, name: str) -> queue_view.Line:
+        """Queue ``name``'s line, unscoped: computed again only when the state mark moved,
+        or after :data:`~allotment.api.queue_view.VIEW_TTL_S`."""
+        cluster, mark = self._mark()
+
+        def fresh() -> queue_view.Line:
             with self.sessions() as session:
-                return compute(session, cluster, name, now=self.clock(), policy=self.policy)
+                return explain.queue_line(
+                    session, cluster, name, now=self.clock(), policy=self.policy
+                )
 
-        return self.views.get(name, mark, fresh)
+        return self.lines.get(name, mark, fresh)
 
     def fleet_loans(self) -> tuple[Loan, ...]:
         """Every loan of the fleet now (who uses whose unused quota), unscoped; shared by
-        every viewer as :meth:`queue_view` is."""
-        version, cluster = self.state.snapshot()
-        with self.sessions() as session:
-            mark = (version, last_event_id(session))
+        every viewer as :meth:`queue_line` is."""
+        cluster, mark = self._mark()
 
         def fresh() -> tuple[Loan, ...]:
             with self.sessions() as session:
-                snapshot = snapshot_from_store(
+                return queue_view.fleet_loans(
                     session, cluster, now=self.clock(), policy=self.policy
                 )
-            return tuple(loans_now(snapshot))
 
-        return self.loan_views.get("", mark, fresh)
+        return self.loans.get("", mark, fresh)
 
     def pools(self) -> schemas.PoolList:
         cluster = self.cluster

@@ -16,6 +16,7 @@ from rich.text import Text
 from allotment.cli.common import Output, OutputOption, console, print_json
 from allotment.cli.live import TokenOption, UrlOption, connect, read_text
 from allotment.domain.errors import InvalidInput
+from allotment.sim.whatif_figures import got_worse
 from allotment.web.report import ratio, seconds
 
 SinceOption = Annotated[
@@ -28,15 +29,13 @@ UntilOption = Annotated[
 
 
 def _cell(row: Mapping[str, Any], key: str, fmt: Any) -> Text:
-    """``recorded / in force -> proposed`` of one figure; red where it gets worse."""
+    """``recorded / in force -> proposed`` of one figure; red where it gets worse, green
+    where it gets better (by the same measure)."""
     recorded, current, proposed = row["recorded"], row["current"], row.get("proposed")
-    parts = f"{fmt(recorded.get(key))} / {fmt(current.get(key))}"
-    text = Text(parts)
+    text = Text(f"{fmt(recorded.get(key))} / {fmt(current.get(key))}")
     if proposed is not None:
         a, b = current.get(key), proposed.get(key)
-        style = "red" if a is not None and b is not None and b > a * 1.05 and b - a >= 1 else ""
-        if a is not None and b is not None and b < a * 0.95:
-            style = "green"
+        style = "red" if got_worse(key, a, b) else "green" if got_worse(key, b, a) else ""
         text.append(" -> ")
         text.append(fmt(b), style=style)
     return text

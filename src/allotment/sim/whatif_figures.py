@@ -237,27 +237,37 @@ def _ranks(values: Sequence[float]) -> list[float]:
     return ranks
 
 
-_WORSE_KEYS = (
-    ("wait_avg_s", "mean wait"),
-    ("wait_p95_s", "wait p95"),
-    ("wait_p99_s", "wait p99"),
-    ("jct_avg_s", "mean JCT"),
-    ("preemptions", "preemptions"),
-    ("guarantee_violations", "guarantee violations"),
-)
+WORSE_LABELS = {
+    "wait_avg_s": "mean wait",
+    "wait_p50_s": "wait p50",
+    "wait_p95_s": "wait p95",
+    "wait_p99_s": "wait p99",
+    "jct_avg_s": "mean JCT",
+    "preemptions": "preemptions",
+    "guarantee_violations": "guarantee violations",
+}
+"""The figures where less is better, as :func:`worse` names them."""
+
+
+def got_worse(key: str, before: float | None, after: float | None) -> bool:
+    """Whether figure ``key`` (one where less is better) grew from ``before`` to
+    ``after`` by more than :data:`WORSE_BY`, and for a time by more than
+    :data:`WAIT_FLOOR_S`."""
+    if key not in WORSE_LABELS or before is None or after is None:
+        return False
+    if after <= before * (1 + WORSE_BY):
+        return False
+    return not (key.endswith("_s") and after - before < WAIT_FLOOR_S)
 
 
 def worse(name: str, current: Mapping[str, Any], proposed: Mapping[str, Any]) -> list[str]:
     """What gets worse for ``name`` under the proposal, in words."""
     out = []
-    for key, label in _WORSE_KEYS:
+    for key, label in WORSE_LABELS.items():
         a, b = current.get(key), proposed.get(key)
-        if a is None or b is None or b <= a:
-            continue
-        timed = key.endswith("_s")
-        if b <= a * (1 + WORSE_BY) or (timed and b - a < WAIT_FLOOR_S):
+        if a is None or b is None or not got_worse(key, a, b):
             continue
         change = f" (+{(b - a) / a:.0%})" if a else ""
-        unit = " s" if timed else ""
+        unit = " s" if key.endswith("_s") else ""
         out.append(f"{name}: {label} {a:g}{unit} -> {b:g}{unit}{change}")
     return out
