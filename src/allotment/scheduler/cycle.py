@@ -22,21 +22,37 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from allotment.domain.cluster import PriorityClass, Queue
-from allotment.domain.durations import format_duration, next_window_open, window_open
+from allotment.domain.durations import next_window_open, window_open
 from allotment.domain.reasons import Reason, ReasonCode, most_relevant
 from allotment.scheduler import ordering
-from allotment.scheduler.backfill import Reservation, Reservations
+from allotment.scheduler.backfill import Reservations
 from allotment.scheduler.decisions import Admit, Decisions, Preempt
 from allotment.scheduler.gates import Gates
-from allotment.scheduler.lines import Line, Outcome, QueueLine, group_lines
-from allotment.scheduler.placement import Claims, PlacementResult, per_node
+from allotment.scheduler.lines import (
+    Line,
+    Outcome,
+    QueueLine,
+    Reach,
+    behind,
+    closed_until,
+    group_lines,
+    not_a_leaf,
+)
+from allotment.scheduler.placement import Claims, PlacementResult
 from allotment.scheduler.policy import Rules
-from allotment.scheduler.preemption import VictimPlan, describe, find_victims
+from allotment.scheduler.preemption import (
+    VictimPlan,
+    describe,
+    find_victims,
+    held_for_preemptor,
+    waiting_for,
+)
 from allotment.scheduler.quota import ROOT, QuotaCheck
 from allotment.scheduler.snapshot import PendingJob, Snapshot
-from allotment.scheduler.state import CycleState, Holder
+from allotment.scheduler.state import CycleState
 
 MAX_REMEMBERED = 65_536
 """Failed victim searches a session remembers across cycles, at most."""
@@ -47,12 +63,13 @@ class _Cycle:
     state: CycleState
     decisions: Decisions
     explain: bool = True
-    """Give every pending job a reason and fill ``queue_order`` (off: only the jobs
-    looked at get one; the replay runs this way)."""
+    """Give every pending job a reason and fill ``queue_order`` (off in the replay)."""
     copy_ids: bool = False
     """The lines outlive the cycle (a session): decisions keep copies of their ids."""
     reservations: Reservations = field(default_factory=Reservations)
     taken: set[str] = field(default_factory=set)
+    touched: set[str] = field(default_factory=set)
+    """Pools where this cycle admitted a job (their verdicts are not reused)."""
     no_fit: dict[tuple[object, ...], Reason] = field(default_factory=dict)
     no_victims: set[tuple[object, ...]] = field(default_factory=set)
     searches: int = 0
@@ -67,9 +84,8 @@ class _Cycle:
     try_orders: dict[tuple[str, ...], list[str]] = field(default_factory=dict)
     """The order a queue's jobs try pools in, per the pools open to them, as worked out
     since the last admission (it follows free capacity)."""
-    borrowing: dict[str, dict[tuple[object, ...], bool]] = field(default_factory=dict)
-    """Per queue, whether a request (shape, pools) would borrow everywhere it may run,
-    as worked out this cycle (dropped when the queue admits a job)."""
+    reach: Reach = field(default_factory=Reach)
+    """How far the lines were looked at (for a session's quiet cycles)."""
     examined: int = 0
     truncated: bool = False
     """A per-cycle bound stopped the cycle short: another cycle may do more."""
@@ -105,27 +121,16 @@ class _Cycle:
                 order[name] = list(ids) if self.copy_ids else ids
             queue = cluster.queues.get(name)
             if queue is None or not queue.is_leaf:
+                self.reach.closed.add(name)
                 if explain:
-                    leaves = ", ".join(sorted(q.name for q in cluster.leaves))
-                    what = "is not a leaf queue" if queue is not None else "does not exist"
-                    reason = Reason(
-                        ReasonCode.INVALID,
-                        f"queue {name} {what}; leaf queues: {leaves}",
-                        {"queue": name},
-                    )
-                    waiting.add_run(order[name], reason)
+                    waiting.add_run(order[name], not_a_leaf(cluster, name))
                 continue
             if not window_open(queue.time_windows, now):
+                self.reach.closed.add(name)
                 opens = next_window_open(queue.time_windows, now)
                 self.wake_at(opens)
                 if explain:
-                    when = "never" if opens is None else f"in {format_duration(opens - now)}"
-                    reason = Reason(
-                        ReasonCode.OUTSIDE_TIME_WINDOW,
-                        f"queue {name} admits nothing at this hour; it opens {when}",
-                        {"queue": name, "opens_at": opens},
-                    )
-                    waiting.add_run(order[name], reason)
+                    waiting.add_run(order[name], closed_until(name, opens, now))
                 continue
             line = Line(
                 queue=queue,
@@ -181,30 +186,10 @@ class _Cycle:
             self.state.hold(holder)
         if not placed.ok:
             return  # no longer enough: it competes again in phase 4
-        self._reserve_for_preemptor(job, pool, placed, still)
+        self.reservations.add(held_for_preemptor(job.id, pool, self.state.now, placed, still))
         self.taken.update(h.id for h in still)
         self.answered.add(job.id)
-        self.decisions.waiting[job.id] = Reason(
-            ReasonCode.WAITING_FOR_PREEMPTION,
-            f"waiting for {', '.join(h.id for h in still)} to stop; their resources in pool "
-            f"{pool} are held for this job",
-            {"pool": pool, "victims": [h.id for h in still]},
-        )
-
-    def _reserve_for_preemptor(
-        self, job: PendingJob, pool: str, placed: PlacementResult, victims: list[Holder]
-    ) -> None:
-        """Hold the part of the preemptor's placement that is free now (the rest is the
-        victims', held until they are gone) against everyone else this cycle."""
-        releasing = per_node(p for holder in victims for p in holder.placements)
-        claims = per_node(placed.placements)
-        for node, claim in claims.items():
-            freed = releasing.get(node, {})
-            for key in list(claim):
-                claim[key] = max(0, claim[key] - freed.get(key, 0))
-        self.reservations.add(
-            Reservation(job=job.id, pool=pool, start=self.state.now, claims=claims)
-        )
+        self.decisions.waiting[job.id] = waiting_for([h.id for h in still], pool)
 
     # ------------------------------------------------------------ phase 4
 
@@ -213,17 +198,32 @@ class _Cycle:
         for i, line in enumerate(lines):
             if self._skip_answered(line):
                 heapq.heappush(heap, (self._key(line), i))
+        pop, push, turn, key = heapq.heappop, heapq.heappush, self._turn, self._key
         while heap:
-            _, i = heapq.heappop(heap)
+            _, i = pop(heap)
             line = lines[i]
-            self._turn(line)
+            turn(line)
             if not line.done and self._skip_answered(line):
-                heapq.heappush(heap, (self._key(line), i))
+                push(heap, (key(line), i))
 
     def _turn(self, line: Line) -> None:
-        """Try the job at the line's index and account for the outcome."""
+        """Try the job at the line's index (or take what a try of a job asking the same
+        answered this cycle) and account for the outcome."""
         job = line.jobs[line.index]
-        outcome, reason = self._try_once(job, line)
+        if job.not_before is not None:  # a back-off gate is the job's own
+            outcome, reason = self._try(job, line)
+        else:
+            bound = job.max_runtime if job.max_runtime is not None else job.expected_runtime
+            memo = (line.queue.name, job.priority_class, job.shape(), job.pools, bound)
+            known = self.failed.get(memo)
+            if known is not None:
+                outcome, reason = known
+            else:
+                outcome, reason = self._try(job, line)
+                if (
+                    outcome is Outcome.QUOTA or outcome is Outcome.CAPACITY
+                ) and job.id not in self.decisions.reservations:
+                    self.failed[memo] = (outcome, reason)
         self.examined += 1
         if outcome is Outcome.ADMITTED:
             self.shares.pop(line.queue.name, None)
@@ -263,47 +263,23 @@ class _Cycle:
                 line.index += 1
         return line.index < len(line.jobs)
 
-    def _try_once(self, job: PendingJob, line: Line) -> tuple[Outcome, Reason | None]:
-        """:meth:`_try`, or what it answered this cycle for a job asking the same."""
-        if job.not_before is not None:  # a back-off gate is the job's own
-            return self._try(job, line)
-        bound = job.max_runtime if job.max_runtime is not None else job.expected_runtime
-        key = (line.queue.name, job.priority_class, job.shape(), job.pools, bound)
-        known = self.failed.get(key)
-        if known is not None:
-            return known
-        outcome, reason = self._try(job, line)
-        if (
-            outcome is Outcome.QUOTA or outcome is Outcome.CAPACITY
-        ) and job.id not in self.decisions.reservations:
-            self.failed[key] = (outcome, reason)
-        return outcome, reason
-
     def _key(self, line: Line) -> ordering.QueueKey:
-        """The heap key of the job at the line's index."""
+        """The heap key of the job at the line's index. Whether the job would borrow
+        wherever it may run is kept per request until the queue admits a job: only a pool
+        where the queue is guaranteed something can be within its quota."""
         job = line.jobs[line.index]
-        borrows = self._borrows(line, job)
-        return self.rules.order.key(
-            job, line.values[line.index], line.queue.name, borrows, self.state.now, self._share
-        )
-
-    def _borrows(self, line: Line, job: PendingJob) -> bool:
-        """Whether ``job`` would borrow wherever it may run. Only a pool where the queue
-        is guaranteed something can be within its quota, and that changes only when the
-        queue itself admits a job."""
         name = line.queue.name
-        if line.pools is None:
-            self._open_pools(line)
-        known = self.borrowing.get(name)
-        if known is None:
-            known = self.borrowing[name] = {}
         memo = (job.shape(), job.pools)
-        borrows = known.get(memo)
+        borrows = line.borrows.get(memo)
         if borrows is None:
-            borrows = known[memo] = self.rules.quota.borrows(
+            if line.pools is None:
+                self._open_pools(line)
+            borrows = line.borrows[memo] = self.rules.quota.borrows(
                 self.state.quota, name, job, job.pools or line.own
             )
-        return borrows
+        return self.rules.order.key(
+            job, line.values[line.index], name, borrows, self.state.now, self._share
+        )
 
     def _share(self, queue: str) -> float:
         """The queue's weighted dominant-resource share (computed once per admission)."""
@@ -351,48 +327,35 @@ class _Cycle:
         shape = job.shape()
         reasons: list[Reason] = []
         held_back: list[str] = []
+        # Without explanations, reservations or victims taken this cycle, a pool that has
+        # not changed since a job of the same queue, class and shape failed there fails
+        # the same way (the world only fills up in between): its verdict is reused.
+        reuse = not self.explain and not self.reservations.items and not self.taken
+        verdicts = state.verdicts if reuse else None
+        known: dict[str, list[Any]] = {}
         for pool in pools:
-            # Quota first, whatever is known about the nodes: a remembered failure
-            # must not change which reason (and so which outcome) the job gets.
-            check = state.quota.check(queue.name, pool, total)
-            if not check.fits and check.blocking_queue != ROOT:
-                # Out of the queue's own quota or of what it may borrow.
-                reasons.append(_quota_reason(check, pool, queue.name))
-                continue
-            key = (pool, shape, claims is not None)
-            cached = self.no_fit.get(key) if claims is not None else self._no_fit(pool, shape)
-            if cached is not None and (claims is None or self._no_fit(pool, shape) is not None):
-                # Known not to fit on any node (the world only fills up during a cycle).
-                reasons.append(cached)
-                continue
-            if cached is not None:
-                placed = PlacementResult(reason=cached)
-            else:
-                side = state.side(queue.name, pool)
-                placed = state.placer.place(pool, job.replicas, claims=claims, side=side)
-            if placed.ok:
-                if not check.fits:
-                    # Free nodes, but held back for other queues' unlent guarantees; when
-                    # the pool itself is full, the placement's reason says it better.
-                    reasons.append(_quota_reason(check, pool, queue.name))
+            vkey: tuple[object, ...] | None = None
+            if verdicts is not None and pool not in self.touched:
+                vkey = (queue.name, klass.value, shape, pool)
+                stamp = state.changed.get(pool, 0)
+                verdict = verdicts.get(vkey)
+                if verdict is not None and verdict[0] == stamp:
+                    reasons.append(verdict[1])
+                    known[pool] = verdict
                     continue
-                self._admit(job, queue, klass, pool, placed, check)
+            failed = self._in_pool(job, queue, klass, pool, total, shape, claims, held_back)
+            if failed is None:
                 return Outcome.ADMITTED, None
-            assert placed.reason is not None
-            if claims is None:
-                self._remember_no_fit(pool, shape, placed.reason)
-            else:
-                self.no_fit[key] = placed.reason
-            if claims is not None and check.fits and self._no_fit(pool, shape) is None:
-                unclaimed = state.placer.place(pool, job.replicas)
-                if unclaimed.ok:
-                    held_back.append(pool)
-                else:
-                    assert unclaimed.reason is not None
-                    self._remember_no_fit(pool, shape, unclaimed.reason)
-            reasons.append(placed.reason)
+            reasons.append(failed)
+            if vkey is not None and verdicts is not None:
+                if len(verdicts) >= MAX_REMEMBERED:
+                    verdicts.clear()  # memory stays bounded
+                known[pool] = verdicts[vkey] = [stamp, failed, False]
         if not held_back and self.rules.victims.may_preempt(klass):
             for pool in pools:
+                verdict = known.get(pool)
+                if verdict is not None and verdict[2]:
+                    continue  # its victim search failed and the pool has not changed
                 # The world only fills up during a cycle: a search that failed fails again
                 # for the same queue, class and shape.
                 tried = (queue.name, pool, klass.value, shape, self._claimed(pool, claims))
@@ -412,7 +375,10 @@ class _Cycle:
                 if not self.taken:
                     if len(state.no_victims) >= MAX_REMEMBERED:
                         state.no_victims.clear()  # memory stays bounded
+                        state.verdicts.clear()  # theirs rely on these searches
                     state.no_victims[tried] = state.changed.get(pool, 0)
+                    if verdict is not None:
+                        verdict[2] = True
         if held_back:
             first = self.reservations.items[0]
             return Outcome.CAPACITY, Reason(
@@ -435,7 +401,62 @@ class _Cycle:
         if reservation is not None:
             self.reservations.add(reservation)
             self.decisions.reservations[job.id] = reservation.start
+        else:
+            ripe = self.rules.reservations.ripe_at(job)
+            if ripe is not None and ripe > state.now:
+                current = self.reach.ripe_at
+                self.reach.ripe_at = ripe if current is None else min(current, ripe)
         return Outcome.CAPACITY, reason
+
+    def _in_pool(
+        self,
+        job: PendingJob,
+        queue: Queue,
+        klass: PriorityClass,
+        pool: str,
+        total: Mapping[str, int],
+        shape: tuple[object, ...],
+        claims: Claims | None,
+        held_back: list[str],
+    ) -> Reason | None:
+        """Admit ``job`` in ``pool`` if its quota and a placement allow; else why not
+        (and, when only the claims stand in the way, ``pool`` joins ``held_back``)."""
+        state = self.state
+        # Quota first, whatever is known about the nodes: a remembered failure must not
+        # change which reason (and so which outcome) the job gets.
+        check = state.quota.check(queue.name, pool, total)
+        if not check.fits and check.blocking_queue != ROOT:
+            # Out of the queue's own quota or of what it may borrow.
+            return check.reason(pool, queue.name)
+        key = (pool, shape, claims is not None)
+        cached = self.no_fit.get(key) if claims is not None else self._no_fit(pool, shape)
+        if cached is not None and (claims is None or self._no_fit(pool, shape) is not None):
+            return cached  # known not to fit on any node (the world only fills up)
+        if cached is not None:
+            placed = PlacementResult(reason=cached)
+        else:
+            side = state.side(queue.name, pool)
+            placed = state.placer.place(pool, job.replicas, claims=claims, side=side)
+        if placed.ok:
+            if not check.fits:
+                # Free nodes, but held back for other queues' unlent guarantees; when the
+                # pool itself is full, the placement's reason says it better.
+                return check.reason(pool, queue.name)
+            self._admit(job, queue, klass, pool, placed, check)
+            return None
+        assert placed.reason is not None
+        if claims is None:
+            self._remember_no_fit(pool, shape, placed.reason)
+        else:
+            self.no_fit[key] = placed.reason
+        if claims is not None and check.fits and self._no_fit(pool, shape) is None:
+            unclaimed = state.placer.place(pool, job.replicas)
+            if unclaimed.ok:
+                held_back.append(pool)
+            else:
+                assert unclaimed.reason is not None
+                self._remember_no_fit(pool, shape, unclaimed.reason)
+        return placed.reason
 
     def _claimed(self, pool: str, claims: Claims | None) -> frozenset[object] | None:
         """What ``claims`` hold on ``pool``'s nodes, hashable: a victim search that
@@ -497,7 +518,10 @@ class _Cycle:
             runtime=runtime,
         )
         state.hold(holder)
-        self.borrowing.pop(queue.name, None)
+        self.touched.add(pool)
+        line = self.line_of.get(queue.name)
+        if line is not None:
+            line.borrows.clear()
         self.try_orders.clear()
         self.decisions.admitted.append(
             Admit(
@@ -517,51 +541,14 @@ class _Cycle:
         victims = tuple(describe(h, cause, job, klass, pool) for h, cause in plan.victims)
         holders = [h for h, _ in plan.victims]
         self.taken.update(h.id for h in holders)
-        self._reserve_for_preemptor(job, pool, plan.placement, holders)
-        names = ", ".join(v.job for v in victims)
-        reason = Reason(
-            ReasonCode.WAITING_FOR_PREEMPTION,
-            f"preempting {names} in pool {pool}; their resources are held for this job",
-            {
-                "pool": pool,
-                "victims": [v.job for v in victims],
-                "causes": sorted({v.cause for v in victims}),
-            },
+        self.reservations.add(
+            held_for_preemptor(job.id, pool, self.state.now, plan.placement, holders)
         )
+        reason = waiting_for([v.job for v in victims], pool, sorted({v.cause for v in victims}))
         self.decisions.preemptions.append(
             Preempt(job=job.id, queue=queue.name, pool=pool, victims=victims, reason=reason)
         )
         return reason
-
-    # ------------------------------------------------------------ phase 5
-
-    def rest(self, lines: list[Line]) -> None:
-        waiting = self.decisions.waiting
-        for line in lines:
-            if line.index >= len(line.jobs):
-                continue
-            blocker = line.blocker
-            if blocker is not None:
-                why = line.blocker_reason.code.value if line.blocker_reason else "waiting"
-                reason = Reason(
-                    ReasonCode.BEHIND_HIGHER_PRIORITY,
-                    f"behind {blocker.id} in queue {line.queue.name}, which waits ({why})",
-                    {"queue": line.queue.name, "blocking_job": blocker.id, "blocking_reason": why},
-                )
-            else:
-                reason = Reason(
-                    ReasonCode.BEHIND_HIGHER_PRIORITY,
-                    f"behind other jobs of queue {line.queue.name}",
-                    {"queue": line.queue.name},
-                )
-            tail = line.ids[line.index :]
-            if self.answered:  # nominated preemptors past the index keep their outcome
-                tail = [job for job in tail if job not in self.answered]
-            waiting.add_run(tail, reason)
-
-
-def _quota_reason(check: QuotaCheck, pool: str, leaf: str) -> Reason:
-    return Reason(ReasonCode.QUOTA_EXHAUSTED, check.message(pool, leaf), check.detail(pool))
 
 
 def run_cycle(
@@ -571,15 +558,27 @@ def run_cycle(
     *,
     explain: bool = True,
     copy_ids: bool = False,
+    reach: Reach | None = None,
 ) -> Decisions:
-    """Phases 2 to 5 on a prepared state (phase 1); admissions stay held in ``state``."""
+    """Phases 2 to 5 on a prepared state (phase 1); admissions stay held in ``state``.
+    ``reach``, when given, is filled with how far the lines were looked at."""
     decisions = Decisions(now=state.now)
     cycle = _Cycle(state=state, decisions=decisions, explain=explain, copy_ids=copy_ids)
     lines = cycle.lines(queues, preemptors)  # 2. lines
     cycle.nominated()  # 3. nominated
     cycle.run(lines)  # 4. order → nominate → admit / preempt / wait
-    if explain:
-        cycle.rest(lines)  # 5. the rest
+    if reach is not None:
+        for line in lines:
+            if line.done and line.index < len(line.jobs):
+                cycle.reach.stopped[line.queue.name] = line.index
+        reach.stopped, reach.closed, reach.ripe_at = (
+            cycle.reach.stopped,
+            cycle.reach.closed,
+            cycle.reach.ripe_at,
+        )
+    if explain:  # 5. the rest
+        for tail, reason in behind(lines, cycle.answered):
+            decisions.waiting.add_run(tail, reason)
     decisions.stats = {
         "examined": cycle.examined,
         "admitted": len(decisions.admitted),

@@ -10,12 +10,13 @@ so that a long backlog is not sorted again every cycle. A cycle walks each in a
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
-from allotment.domain.cluster import Queue
-from allotment.domain.reasons import Reason
+from allotment.domain.cluster import Cluster, Queue
+from allotment.domain.durations import format_duration
+from allotment.domain.reasons import Reason, ReasonCode
 from allotment.scheduler import ordering
 from allotment.scheduler.snapshot import PendingJob
 
@@ -75,7 +76,8 @@ class SortedLine(QueueLine):
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._key_of
 
-    def add(self, job: PendingJob, value: int, arrival: int) -> None:
+    def add(self, job: PendingJob, value: int, arrival: int) -> int:
+        """Put ``job`` in its place; returns that place (0: the head)."""
         key = (-value, job.submit_time, arrival)
         keys = self.keys
         index = len(keys) if not keys or key > keys[-1] else bisect_left(keys, key)
@@ -84,6 +86,7 @@ class SortedLine(QueueLine):
         self.values.insert(index, value)
         self.ids.insert(index, job.id)
         self._key_of[job.id] = key
+        return index
 
     def _index(self, job_id: str) -> int | None:
         key = self._key_of.get(job_id)
@@ -162,3 +165,69 @@ class Line:
     """Every pool open to the queue."""
     own: list[str] = field(default_factory=list)
     """The leading part of ``pools``: those where the queue holds a guaranteed quota."""
+    borrows: dict[tuple[object, ...], bool] = field(default_factory=dict)
+    """Per request (shape, pools), whether it would borrow wherever it may run, as
+    worked out since the queue last admitted a job in this cycle."""
+
+
+@dataclass(slots=True)
+class Reach:
+    """How far a cycle looked: what a session needs to know whether the next cycle, on
+    the same state, would look at anything new."""
+
+    stopped: dict[str, int] = field(default_factory=dict)
+    """Per queue whose line stopped before its end (its own bound, or a head that ends
+    it), the place of the first job not looked at."""
+    closed: set[str] = field(default_factory=set)
+    """Queues answered without a try (closed time window, unknown or not a leaf)."""
+    ripe_at: float | None = None
+    """The earliest later time at which a job that was tried could hold a reservation
+    that its wait alone kept it from (None: none)."""
+
+
+# ------------------------------------------------------------ reasons of whole lines
+
+
+def not_a_leaf(cluster: Cluster, name: str) -> Reason:
+    """Why the jobs of queue ``name`` (unknown, or not a leaf) are never tried."""
+    leaves = ", ".join(sorted(q.name for q in cluster.leaves))
+    what = "is not a leaf queue" if name in cluster.queues else "does not exist"
+    return Reason(
+        ReasonCode.INVALID, f"queue {name} {what}; leaf queues: {leaves}", {"queue": name}
+    )
+
+
+def closed_until(name: str, opens: float | None, now: float) -> Reason:
+    """Why the jobs of queue ``name`` wait while its time window is closed."""
+    when = "never" if opens is None else f"in {format_duration(opens - now)}"
+    return Reason(
+        ReasonCode.OUTSIDE_TIME_WINDOW,
+        f"queue {name} admits nothing at this hour; it opens {when}",
+        {"queue": name, "opens_at": opens},
+    )
+
+
+def behind(lines: Iterable[Line], answered: set[str]) -> Iterator[tuple[list[str], Reason]]:
+    """The jobs each line did not get to, with what they are behind (a cycle's last
+    phase); nominated preemptors past a line's index keep their own outcome."""
+    for line in lines:
+        if line.index >= len(line.jobs):
+            continue
+        blocker = line.blocker
+        if blocker is not None:
+            why = line.blocker_reason.code.value if line.blocker_reason else "waiting"
+            reason = Reason(
+                ReasonCode.BEHIND_HIGHER_PRIORITY,
+                f"behind {blocker.id} in queue {line.queue.name}, which waits ({why})",
+                {"queue": line.queue.name, "blocking_job": blocker.id, "blocking_reason": why},
+            )
+        else:
+            reason = Reason(
+                ReasonCode.BEHIND_HIGHER_PRIORITY,
+                f"behind other jobs of queue {line.queue.name}",
+                {"queue": line.queue.name},
+            )
+        tail = line.ids[line.index :]
+        if answered:
+            tail = [job for job in tail if job not in answered]
+        yield tail, reason

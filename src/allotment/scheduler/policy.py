@@ -282,6 +282,11 @@ class ReservationRule(Protocol):
         give it one, ``held`` reservations having been given this cycle; or None."""
         ...
 
+    def ripe_at(self, job: PendingJob) -> float | None:
+        """The time from which ``job``'s wait no longer keeps it from a reservation
+        (None: its wait never does)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class NoReservations:
@@ -290,6 +295,9 @@ class NoReservations:
     def reserve(
         self, state: CycleState, job: PendingJob, queue: str, pools: list[str], held: int
     ) -> Reservation | None:
+        return None
+
+    def ripe_at(self, job: PendingJob) -> float | None:
         return None
 
 
@@ -321,6 +329,9 @@ class Backfill:
             if reservation is not None:
                 return reservation
         return None
+
+    def ripe_at(self, job: PendingJob) -> float | None:
+        return job.submit_time + self.after if self.after > 0 else None
 
 
 # ----------------------------------------------------------------------------- line

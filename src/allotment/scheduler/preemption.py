@@ -25,9 +25,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from allotment.domain.cluster import PriorityClass, Queue
+from allotment.domain.reasons import Reason, ReasonCode
 from allotment.domain.resources import GPU, MILLI
+from allotment.scheduler.backfill import Reservation
 from allotment.scheduler.decisions import Victim
-from allotment.scheduler.placement import Claims, NodeState, PlacementResult
+from allotment.scheduler.placement import Claims, NodeState, PlacementResult, per_node
 from allotment.scheduler.snapshot import PendingJob
 from allotment.scheduler.state import CycleState, Holder
 
@@ -248,3 +250,34 @@ def describe(
             f"and queue {job.queue} needs its guaranteed quota back"
         )
     return Victim(job=holder.id, queue=holder.queue, cause=cause, message=text)
+
+
+def held_for_preemptor(
+    job: str, pool: str, now: float, placed: PlacementResult, victims: list[Holder]
+) -> Reservation:
+    """What a preemptor holds against everyone else until its victims are gone: the part
+    of its placement that is free now (the rest is the victims', held until they go)."""
+    releasing = per_node(p for holder in victims for p in holder.placements)
+    claims = per_node(placed.placements)
+    for node, claim in claims.items():
+        freed = releasing.get(node, {})
+        for key in list(claim):
+            claim[key] = max(0, claim[key] - freed.get(key, 0))
+    return Reservation(job=job, pool=pool, start=now, claims=claims)
+
+
+def waiting_for(victims: list[str], pool: str, causes: list[str] | None = None) -> Reason:
+    """A preemptor's reason while its victims stop: preempting them now (``causes``
+    given), or still waiting for those of an earlier cycle."""
+    names = ", ".join(victims)
+    if causes is not None:
+        return Reason(
+            ReasonCode.WAITING_FOR_PREEMPTION,
+            f"preempting {names} in pool {pool}; their resources are held for this job",
+            {"pool": pool, "victims": victims, "causes": causes},
+        )
+    return Reason(
+        ReasonCode.WAITING_FOR_PREEMPTION,
+        f"waiting for {names} to stop; their resources in pool {pool} are held for this job",
+        {"pool": pool, "victims": victims},
+    )

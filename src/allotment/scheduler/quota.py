@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from allotment.domain.cluster import Cluster, Queue
+from allotment.domain.reasons import Reason, ReasonCode
 from allotment.domain.resources import to_units
 
 ROOT = ""
@@ -58,6 +59,10 @@ class QuotaCheck:
             "nominal": None if self.nominal is None else _units(self.nominal),
             "borrowable": _units(self.borrowable),
         }
+
+    def reason(self, pool: str, leaf: str) -> Reason:
+        """Why ``leaf`` may not take it (``quota_exhausted``), for a job's waiting reason."""
+        return Reason(ReasonCode.QUOTA_EXHAUSTED, self.message(pool, leaf), self.detail(pool))
 
     def message(self, pool: str, leaf: str) -> str:
         res = self.resource or "?"

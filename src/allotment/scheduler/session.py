@@ -17,13 +17,13 @@ with ``waiting_for_preemption``, and once they are gone it is tried before anyon
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from allotment.domain.cluster import Cluster, Node
 from allotment.domain.durations import window_open
 from allotment.scheduler.cycle import run_cycle
 from allotment.scheduler.decisions import Decisions
-from allotment.scheduler.lines import SortedLine
+from allotment.scheduler.lines import Reach, SortedLine
 from allotment.scheduler.ordering import UNKNOWN_VALUE
 from allotment.scheduler.snapshot import (
     PendingJob,
@@ -85,6 +85,9 @@ class Session:
         self._occupied: dict[tuple[str, int], ReplicaPlacement] = {}
         self._classes = {name: c.value for name, c in cluster.priority_classes.items()}
         self._arrivals = 0
+        self._quiet: _Quiet | None = None
+        """Set by a cycle (without explanations) that decided nothing; dropped by any
+        change that the next cycle could see."""
 
     @classmethod
     def from_snapshot(cls, snapshot: Snapshot) -> Session:
@@ -109,10 +112,17 @@ class Session:
         if line is None:
             line = self._lines[job.queue] = SortedLine()
         self._arrivals += 1
-        line.add(job, self._classes.get(job.priority_class, UNKNOWN_VALUE), self._arrivals)
+        place = line.add(job, self._classes.get(job.priority_class, UNKNOWN_VALUE), self._arrivals)
         self._queue_of[job.id] = job.queue
         if job.preempting:
             self._preemptors[job.id] = job
+        quiet = self._quiet
+        if quiet is not None and not job.preempting:
+            reach = quiet.reach
+            stopped = reach.stopped.get(job.queue)
+            if job.queue in reach.closed or (stopped is not None and place >= stopped):
+                return  # behind what the last cycle looked at: the next one would not see it
+        self._quiet = None
 
     def withdraw(self, job_id: str) -> PendingJob | None:
         """A pending job leaves (cancelled); None if it is not pending."""
@@ -120,6 +130,7 @@ class Session:
         if queue is None:
             return None
         self._preemptors.pop(job_id, None)
+        self._quiet = None
         return self._lines[queue].remove(job_id)
 
     def update(self, job: PendingJob) -> None:
@@ -131,6 +142,7 @@ class Session:
         line = self._lines[queue]
         old = line.get(job.id)
         assert old is not None
+        self._quiet = None
         if (
             queue == job.queue
             and old.priority_class == job.priority_class
@@ -172,6 +184,7 @@ class Session:
             raise ValueError(f"job {job.id} is pending; it cannot also be running")
         self.state.add_running(job)
         self.running[job.id] = job
+        self._quiet = None
 
     def stopping(self, job_id: str) -> bool:
         """A running job is being stopped; it holds its resources until :meth:`gone`."""
@@ -179,6 +192,7 @@ class Session:
         if job is None:
             return False
         self.running[job_id] = replace(job, terminating=True)
+        self._quiet = None
         return self.state.mark_terminating(job_id)
 
     def occupy(self, devices: Iterable[tuple[str, int]]) -> None:
@@ -186,6 +200,8 @@ class Session:
         orphan process): none of them is given to a job until it is free again. Replaces
         the last call's set; a device a job holds is left to the job."""
         wanted = set(devices)
+        if wanted != set(self._occupied):
+            self._quiet = None
         for key in [k for k in self._occupied if k not in wanted]:
             self.state.vacate(self._occupied.pop(key))
         for node, device in sorted(wanted - set(self._occupied)):
@@ -202,6 +218,7 @@ class Session:
         """A running job ended (or was stopped): its resources are free."""
         job = self.running.pop(job_id, None)
         if job is not None:
+            self._quiet = None
             self.state.remove_running(job_id)
         return job
 
@@ -214,14 +231,37 @@ class Session:
         if now < self.state.now:
             raise ValueError(f"time went backwards: {now} < {self.state.now}")
         self.state.begin(now)
+        quiet = self._quiet
+        if quiet is not None and not explain and (quiet.until is None or now < quiet.until):
+            # Nothing it could see changed since a cycle that decided nothing: this one
+            # would decide nothing too (and look at the same jobs).
+            wakeup = quiet.wakeup if quiet.wakeup is not None and quiet.wakeup > now else None
+            return Decisions(now=now, next_wakeup=wakeup, stats=dict(_QUIET_STATS))
+        self._quiet = None
         had_turn = victims_gone(self._preemptors.values(), self.running)
+        reach = Reach()
         decisions = run_cycle(
             self.state,
             self._lines,
             list(self._preemptors.values()),
             explain=explain,
             copy_ids=True,
+            reach=reach,
         )
+        if (
+            not explain
+            and not decisions.admitted
+            and not decisions.preemptions
+            and not decisions.reservations
+            and not decisions.stats.get("truncated")
+            and not self._preemptors
+            and not self.state.terminating
+        ):
+            until = min(
+                (t for t in (decisions.next_wakeup, reach.ripe_at) if t is not None),
+                default=None,
+            )
+            self._quiet = _Quiet(reach=reach, until=until, wakeup=decisions.next_wakeup)
         by_queue: dict[str, list[str]] = {}
         for admit in decisions.admitted:
             queue = self._queue_of.pop(admit.job)
@@ -284,6 +324,26 @@ class Session:
             nodes=list(self.nodes),
             policy=self.policy,
         )
+
+
+_QUIET_STATS = {
+    "examined": 0,
+    "admitted": 0,
+    "preemptions": 0,
+    "reservations": 0,
+    "truncated": False,
+    "quiet": True,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Quiet:
+    """A cycle that decided nothing: how far it looked, and until when time alone
+    changes nothing (a time window or back-off ending, a wait long enough to reserve)."""
+
+    reach: Reach
+    until: float | None
+    wakeup: float | None
 
 
 def _keyed(line: SortedLine) -> Iterable[tuple[tuple[int, float, int], PendingJob]]:

@@ -77,14 +77,17 @@ def _own(state: CycleState, leaf: Queue, pool: str, job_class: PriorityClass) ->
     if mode == "never":
         return []
     out: list[Candidate] = []
+    value, any_mode = job_class.value, mode == "any"
     for holder in state.queue_holders(pool, leaf.name).values():
-        if not _may_be_victim(holder):
-            continue
-        klass = holder.klass
+        klass = holder.klass  # the class first: most of a queue's jobs are of its own
         if klass.borrow_only and not job_class.borrow_only:
-            out.append((holder, "borrow_only"))
-        elif klass.value < job_class.value or (mode == "any" and klass.value == job_class.value):
-            out.append((holder, "within_queue"))
+            cause = "borrow_only"
+        elif klass.value < value or (any_mode and klass.value == value):
+            cause = "within_queue"
+        else:
+            continue
+        if _may_be_victim(holder):
+            out.append((holder, cause))
     return out
 
 
