@@ -27,13 +27,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
 from allotment.control.cluster_state import ClusterState
 from allotment.control.launch import launch_attempt, replica_keys
 from allotment.control.orphans import OrphanTracker
+from allotment.control.pending import PendingFeed, pending_ids
 from allotment.control.retries import finish_attempt
 from allotment.control.writes import Move, admit, launched, preempt
 from allotment.domain.cluster import Cluster
@@ -110,6 +110,8 @@ class ControlLoop:
         self._reasons: dict[str, tuple[str, str, float]] = {}
         """Waiting reason (code, message, when written) the store holds for each job that
         waited in the last cycle, so that an unchanged one is not read again."""
+        self.pending_feed = PendingFeed()
+        """Which jobs joined or left ``pending`` between turns (see :mod:`.pending`)."""
 
     # ------------------------------------------------------------------ state
 
@@ -129,6 +131,7 @@ class ControlLoop:
         now = self.clock()
         session = Session(self.cluster, self.policy, now=now)
         with self.store_sessions() as db:
+            self.pending_feed.restart(db, now)  # first: what commits meanwhile comes next turn
             for job, attempt in open_attempts(db):
                 session.started(self._running(job, attempt))
                 if _S(job.state) not in ACTIVE:
@@ -209,10 +212,14 @@ class ControlLoop:
 
     def _sync_pending(self, session: Session) -> None:
         """Pending jobs the store has and the session lacks join it; those the store no
-        longer calls pending leave it. Reads the pending ids, and whole rows only of the
-        jobs the session lacks."""
+        longer calls pending leave it. Reads only the jobs whose moves entered or left
+        ``pending`` since the last turn (:class:`PendingFeed`), every pending id now and
+        then, and whole rows only of the jobs the session lacks."""
         with self.store_sessions() as db:
-            in_store = set(db.scalars(select(Job.id).where(Job.state == _S.PENDING.value)))
+            changed = self.pending_feed.changes(db, self.clock())
+            in_store = pending_ids(db, changed)
+            held = {job.id for job in session.pending()} if changed is None else changed
+            leaving = sorted(held - in_store)
             new = [
                 job_id
                 for job_id in in_store
@@ -222,9 +229,9 @@ class ControlLoop:
         for row in rows:
             if row.state == _S.PENDING.value:
                 session.submit(self._pending(row))
-        for job in list(session.pending()):
-            if job.id not in in_store:
-                session.withdraw(job.id)
+        for job_id in leaving:
+            if session.pending_job(job_id) is not None:
+                session.withdraw(job_id)
 
     def _launch_admitted(self) -> list[Move]:
         """Launch every replica of every admitted job (idempotent), then move it to
