@@ -24,20 +24,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
 from allotment.control.cluster_state import ClusterState
 from allotment.control.launch import launch_attempt, replica_keys
 from allotment.control.orphans import OrphanTracker
+from allotment.control.pending import PendingFeed, pending_ids
 from allotment.control.retries import finish_attempt
+from allotment.control.writes import Move, admit, launched, preempt
 from allotment.domain.cluster import Cluster
-from allotment.domain.errors import NotFound
 from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import ACTIVE, FailureClass, JobState
 from allotment.domain.reasons import Reason
@@ -55,9 +54,7 @@ from allotment.scheduler.snapshot import (
     RunningJob,
     SchedulerPolicy,
 )
-from allotment.store.allocations import allocation_json
 from allotment.store.jobs import (
-    get_job,
     jobs_by_id,
     record_reasons,
     sync_attempt,
@@ -74,16 +71,6 @@ DEFAULT_STOP_GRACE_S = 30.0
 _S = JobState
 REASON_REFRESH_S = 10.0
 """How often at most a waiting job's reason message is rewritten while its code stays."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Move:
-    """A lifecycle move the loop made, for callers and logs."""
-
-    job: str
-    source: JobState
-    target: JobState
-    failure: FailureClass | None = None
 
 
 class ControlLoop:
@@ -123,6 +110,8 @@ class ControlLoop:
         self._reasons: dict[str, tuple[str, str, float]] = {}
         """Waiting reason (code, message, when written) the store holds for each job that
         waited in the last cycle, so that an unchanged one is not read again."""
+        self.pending_feed = PendingFeed()
+        """Which jobs joined or left ``pending`` between turns (see :mod:`.pending`)."""
 
     # ------------------------------------------------------------------ state
 
@@ -139,8 +128,10 @@ class ControlLoop:
         pending job waits in its line."""
         self._take_nodes()
         self._version, self.cluster = self.state.snapshot()
-        session = Session(self.cluster, self.policy, now=self.clock())
+        now = self.clock()
+        session = Session(self.cluster, self.policy, now=now)
         with self.store_sessions() as db:
+            self.pending_feed.restart(db, now)  # first: what commits meanwhile comes next turn
             for job, attempt in open_attempts(db):
                 session.started(self._running(job, attempt))
                 if _S(job.state) not in ACTIVE:
@@ -178,64 +169,12 @@ class ControlLoop:
         self._sync_pending(session)
         session.occupy(self.orphans.foreign)  # devices orphan processes hold
         decisions = session.cycle(now)
-        victims: list[str] = []
-        withdrawn: list[str] = []
         try:
             with self.store_sessions.begin() as db:
                 # The admitted jobs locked in one query, their moves written together.
-                ids = [a.job for a in decisions.admitted]
-                rows = {j.id: j for j in jobs_by_id(db, ids, for_update=True)}
-                for admit in decisions.admitted:
-                    job = rows.get(admit.job)
-                    if job is None:
-                        raise NotFound("job", admit.job)
-                    if job.state != _S.PENDING.value:  # cancelled since the session read it
-                        withdrawn.append(job.id)
-                        continue
-                    number = job.attempt + 1
-                    db.add(
-                        Attempt(
-                            job_id=job.id,
-                            number=number,
-                            state=_S.ADMITTED.value,
-                            start_time=now,
-                            pool=admit.pool,
-                            allocation=allocation_json(admit.placements),
-                            borrowed=dict(admit.borrowed),
-                        )
-                    )
-                    job.attempt = number
-                    transition_job(
-                        db,
-                        job.id,
-                        _S.ADMITTED,
-                        job=job,
-                        flush=False,
-                        at=now,
-                        message="admitted",
-                        detail={
-                            "attempt": number,
-                            "pool": admit.pool,
-                            "borrowed": dict(admit.borrowed),
-                            "backfilled": admit.backfilled,
-                        },
-                    )
+                withdrawn = admit(db, decisions.admitted, now)
                 self._record_waiting(db, decisions.waiting, now)
-                for preempt in decisions.preemptions:
-                    for victim in preempt.victims:
-                        row = db.get(Job, victim.job)
-                        if row is None or _S(row.state) not in ACTIVE:
-                            continue
-                        transition_job(
-                            db,
-                            victim.job,
-                            _S.PREEMPTED,
-                            at=now,
-                            message=victim.message,
-                            detail={"cause": victim.cause, "preemptor": preempt.job},
-                        )
-                        sync_attempt(db, row)
-                        victims.append(victim.job)
+                victims = preempt(db, decisions.preemptions, now)
         except Exception:
             self._session = None  # the session ran ahead of the store: rebuild it
             raise
@@ -273,10 +212,14 @@ class ControlLoop:
 
     def _sync_pending(self, session: Session) -> None:
         """Pending jobs the store has and the session lacks join it; those the store no
-        longer calls pending leave it. Reads the pending ids, and whole rows only of the
-        jobs the session lacks."""
+        longer calls pending leave it. Reads only the jobs whose moves entered or left
+        ``pending`` since the last turn (:class:`PendingFeed`), every pending id now and
+        then, and whole rows only of the jobs the session lacks."""
         with self.store_sessions() as db:
-            in_store = set(db.scalars(select(Job.id).where(Job.state == _S.PENDING.value)))
+            changed = self.pending_feed.changes(db, self.clock())
+            in_store = pending_ids(db, changed)
+            held = {job.id for job in session.pending()} if changed is None else changed
+            leaving = sorted(held - in_store)
             new = [
                 job_id
                 for job_id in in_store
@@ -286,14 +229,13 @@ class ControlLoop:
         for row in rows:
             if row.state == _S.PENDING.value:
                 session.submit(self._pending(row))
-        for job in list(session.pending()):
-            if job.id not in in_store:
-                session.withdraw(job.id)
+        for job_id in leaving:
+            if session.pending_job(job_id) is not None:
+                session.withdraw(job_id)
 
     def _launch_admitted(self) -> list[Move]:
         """Launch every replica of every admitted job (idempotent), then move it to
         ``starting``: all launches first, then their moves in one transaction."""
-        moves: list[Move] = []
         with self.store_sessions() as db:
             rows = [
                 (
@@ -307,25 +249,14 @@ class ControlLoop:
                 if job.state == _S.ADMITTED.value
             ]
         if not rows:
-            return moves
+            return []
         failures = {
             row[0]: launch_attempt(self.executor, self.cluster, self.work_root, *row)
             for row in rows
         }
-        now = self.clock()
+        attempts = [(row[0], row[3], len(row[4])) for row in rows]
         with self.store_sessions.begin() as db:
-            for job_id, _tenant, _spec, number, allocation in rows:
-                job = get_job(db, job_id, for_update=True)
-                if job.state != _S.ADMITTED.value or job.attempt != number:
-                    continue
-                failure = failures[job_id]
-                if failure is None:
-                    detail = {"attempt": number, "replicas": len(allocation)}
-                    self._move(db, job, _S.STARTING, now, "launched", moves, detail=detail)
-                else:
-                    self._move(
-                        db, job, _S.FAILED, now, failure.message, moves, failure=failure.failure
-                    )
+            moves = launched(db, attempts, failures, self.clock())
         for job_id, _tenant, _spec, number, allocation in rows:
             if failures[job_id] is not None:
                 self._stop_keys(replica_keys(job_id, number, allocation))

@@ -1,19 +1,22 @@
 """The job repository, with the one function that changes a job's state.
 
 Every function takes a ``Session`` and flushes but never commits: the caller's
-transaction decides what lands together. :func:`transition_job` is the only writer of
-``Job.state`` and :func:`record_reason` the only writer of the waiting-reason condition;
-each appends its :class:`~allotment.store.models.Event` in the same transaction.
+transaction decides what lands together. :func:`transition_job` (and its set-based form
+:func:`transition_jobs`) is the only writer of ``Job.state`` and :func:`record_reason`
+(:func:`record_reasons`) the only writer of the waiting-reason condition; each appends
+its :class:`~allotment.store.models.Event` in the same transaction.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import Table, and_, bindparam, insert, or_, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.util import identity_key
 
 from allotment.domain.errors import AlreadyEnded, NotFound
 from allotment.domain.job import JobSpec
@@ -26,7 +29,7 @@ from allotment.domain.lifecycle import (
     transition,
 )
 from allotment.domain.reasons import Reason
-from allotment.store.models import Attempt, Event, Job
+from allotment.store.models import Attempt, Base, Event, Job
 
 TRANSITION = "transition"
 """Event kind of a state change."""
@@ -168,18 +171,129 @@ def transition_job(
 
 def _event(job_id: str, move: Transition) -> Event:
     """The event that records ``move`` of job ``job_id``."""
+    return Event(**_event_row(job_id, move))
+
+
+def _event_row(job_id: str, move: Transition) -> dict[str, Any]:
+    """The columns of the event that records ``move`` of job ``job_id``."""
     detail = dict(move.detail)
     if move.failure is not None:
         detail["failure_class"] = move.failure.value
-    return Event(
-        job_id=job_id,
-        at=move.at,
-        kind=TRANSITION,
-        from_state=move.source.value,
-        to_state=move.target.value,
-        message=move.reason,
-        detail=detail,
+    return {
+        "job_id": job_id,
+        "at": move.at,
+        "kind": TRANSITION,
+        "from_state": move.source.value,
+        "to_state": move.target.value,
+        "message": move.reason,
+        "detail": detail,
+    }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateChange:
+    """One move for :func:`transition_jobs`: job ``job_id``, found in state ``source``
+    under its row lock, to ``target``."""
+
+    job_id: str
+    source: JobState
+    target: JobState
+    message: str
+    detail: dict[str, Any] | None = None
+    failure: FailureClass | None = None
+    attempt: int | None = None
+    """The job's current attempt, which takes the job's new state (and failure class),
+    as :func:`sync_attempt` does; ``None``: no attempt row is touched."""
+    values: dict[str, Any] | None = None
+    """Other columns of the job row written with the move (``{"attempt": 2}``)."""
+
+
+def transition_jobs(session: Session, changes: Sequence[StateChange], *, at: float) -> None:
+    """:func:`transition_job` (with :func:`sync_attempt` where a change names its
+    attempt) for many jobs at once, the rows written as :func:`transition_job` writes
+    them and the events in the order of ``changes``: one ``UPDATE`` of the jobs, one
+    ``INSERT`` of the events and one ``UPDATE`` of the attempts, each sent as one batch
+    (per set of columns), without the ORM's work per row.
+
+    The caller has locked the rows and read their states (``source``): every move is
+    validated by the domain's :func:`~allotment.domain.lifecycle.transition` before
+    anything is written, so an illegal one raises and writes nothing. Objects of these
+    jobs and attempts already in ``session`` are expired, so that they are read again.
+    """
+    moves = [
+        transition(
+            change.source,
+            change.target,
+            at=at,
+            reason=change.message,
+            failure=change.failure,
+            detail=change.detail,
+        )
+        for change in changes
+    ]
+    if not moves:
+        return
+    session.flush()  # what the caller added before lands first
+    jobs: list[dict[str, Any]] = []
+    attempts: list[dict[str, Any]] = []
+    for change, move in zip(changes, moves, strict=True):
+        failure = move.failure.value if move.failure is not None else None
+        row = {
+            "id": change.job_id,
+            "state": move.target.value,
+            "failure_class": failure,
+            "updated_at": at,
+            **(change.values or {}),
+        }
+        if move.target not in WAITING:
+            row.update(reason_code=None, reason_message=None, reason_detail=None, reason_since=None)
+        jobs.append(row)
+        if change.attempt is not None:
+            attempt = {"job_id": change.job_id, "number": change.attempt, "state": row["state"]}
+            if failure is not None:
+                attempt["failure_class"] = failure
+            attempts.append(attempt)
+    _update_rows(session, _JOBS, ("id",), jobs)
+    session.execute(
+        insert(_EVENTS), [_event_row(c.job_id, m) for c, m in zip(changes, moves, strict=True)]
     )
+    _update_rows(session, _ATTEMPTS, ("job_id", "number"), attempts)
+    _expire(session, Job, [(c.job_id,) for c in changes])
+    _expire(session, Attempt, [(a["job_id"], a["number"]) for a in attempts])
+
+
+_JOBS = Base.metadata.tables["jobs"]
+_EVENTS = Base.metadata.tables["events"]
+_ATTEMPTS = Base.metadata.tables["attempts"]
+
+
+def _update_rows(
+    session: Session, table: Table, keys: tuple[str, ...], rows: Sequence[Mapping[str, Any]]
+) -> None:
+    """``UPDATE table`` of every row of ``rows`` (its ``keys`` columns name it, the others
+    are its new values): one batch of statements per set of columns."""
+    groups: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row), []).append(row)
+    for columns, group in groups.items():
+        statement = (
+            update(table)
+            .where(*(table.c[k] == bindparam(f"k_{k}") for k in keys))
+            .values({c: bindparam(f"v_{c}") for c in columns if c not in keys})
+        )
+        params = [{(f"k_{c}" if c in keys else f"v_{c}"): v for c, v in r.items()} for r in group]
+        session.execute(statement, params)
+
+
+def _expire(session: Session, model: type[Base], keys: Iterable[tuple[Any, ...]]) -> None:
+    """Expire the objects of ``model`` with primary ``keys`` that ``session`` holds."""
+    held = session.identity_map
+    if not len(held):
+        return
+    for key in keys:
+        obj = held.get(identity_key(model, key))
+        if obj is not None:
+            session.expire(obj)
 
 
 def sync_attempt(session: Session, job: Job) -> None:
@@ -285,22 +399,71 @@ def record_reasons(
     at: float,
     states: Iterable[JobState] | None = None,
 ) -> list[str]:
-    """:func:`record_reason` for many jobs at once: one query per :data:`IN_CHUNK` ids and
-    one flush. Unknown ids, and jobs in none of ``states`` when given, are skipped.
-    Returns the ids whose reason changed."""
+    """:func:`record_reason` for many jobs at once: one narrow query per :data:`IN_CHUNK`
+    ids, then the changed rows and their events written in one batch each (the same
+    rows and events as :func:`record_reason`'s). Unknown ids, and jobs in none of
+    ``states`` when given, are skipped. Returns the ids whose reason changed."""
+    session.flush()  # what the caller added before lands first
     changed: list[str] = []
+    rows: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
     ids = list(reasons)
     only = None if states is None else [JobState(s).value for s in states]
     for start in range(0, len(ids), IN_CHUNK):
         chunk = ids[start : start + IN_CHUNK]
-        query = select(Job).where(Job.id.in_(chunk))
+        query = select(Job.id, Job.reason_code, Job.reason_message).where(Job.id.in_(chunk))
         if only is not None:
             query = query.where(Job.state.in_(only))
-        for job in session.scalars(query):
-            if _set_reason(session, job, reasons[job.id], at):
-                changed.append(job.id)
-    session.flush()
+        for job_id, code, message in session.execute(query).tuples():
+            reason = reasons[job_id]
+            if code == reason.code.value and message == reason.message:
+                continue
+            changed.append(job_id)
+            rows.append(
+                {
+                    "id": job_id,
+                    "reason_code": reason.code.value,
+                    "reason_message": reason.message,
+                    "reason_detail": dict(reason.detail),
+                    "reason_since": at,
+                    "updated_at": at,
+                }
+            )
+            events.append(
+                {
+                    "job_id": job_id,
+                    "at": at,
+                    "kind": REASON,
+                    "from_state": None,
+                    "to_state": None,
+                    "message": reason.message,
+                    "detail": reason.to_dict(),
+                }
+            )
+    if rows:
+        _update_rows(session, _JOBS, ("id",), rows)
+        session.execute(insert(_EVENTS), events)
+        _expire(session, Job, [(job_id,) for job_id in changed])
     return changed
+
+
+def job_states(
+    session: Session, ids: Iterable[str], *, for_update: bool = False
+) -> dict[str, tuple[JobState, int]]:
+    """State and latest attempt number of the jobs among ``ids`` (unknown ones
+    skipped), without reading whole rows; one query per :data:`IN_CHUNK` ids.
+    ``for_update`` locks them, in id order, as :func:`jobs_by_id` does."""
+    wanted = sorted(set(ids))
+    found: dict[str, tuple[JobState, int]] = {}
+    for start in range(0, len(wanted), IN_CHUNK):
+        query = select(Job.id, Job.state, Job.attempt).where(
+            Job.id.in_(wanted[start : start + IN_CHUNK])
+        )
+        if for_update:
+            query = query.order_by(Job.id).with_for_update()
+        for job_id, state, attempt in session.execute(query).tuples():
+            found[job_id] = (JobState(state), attempt)
+    return found
 
 
 def jobs_by_id(session: Session, ids: Iterable[str], *, for_update: bool = False) -> list[Job]:
