@@ -43,6 +43,7 @@ from allotment.scheduler.lines import (
 )
 from allotment.scheduler.placement import Claims, PlacementResult
 from allotment.scheduler.policy import Rules
+from allotment.scheduler.pool_tries import PoolTries
 from allotment.scheduler.preemption import (
     VictimPlan,
     describe,
@@ -50,7 +51,7 @@ from allotment.scheduler.preemption import (
     held_for_preemptor,
     waiting_for,
 )
-from allotment.scheduler.quota import ROOT, QuotaCheck
+from allotment.scheduler.quota import QuotaCheck
 from allotment.scheduler.snapshot import PendingJob, Snapshot
 from allotment.scheduler.state import CycleState
 
@@ -70,7 +71,6 @@ class _Cycle:
     taken: set[str] = field(default_factory=set)
     touched: set[str] = field(default_factory=set)
     """Pools where this cycle admitted a job (their verdicts are not reused)."""
-    no_fit: dict[tuple[object, ...], Reason] = field(default_factory=dict)
     no_victims: set[tuple[object, ...]] = field(default_factory=set)
     searches: int = 0
     answered: set[str] = field(default_factory=set)
@@ -78,6 +78,7 @@ class _Cycle:
     preemptors: list[PendingJob] = field(default_factory=list)
     line_of: dict[str, Line] = field(default_factory=dict)
     gates: Gates = field(init=False)
+    pools: PoolTries = field(init=False)
     rules: Rules = field(init=False)
     shares: dict[str, float] = field(default_factory=dict)
     """Each queue's dominant share, as computed this cycle (dropped on an admission)."""
@@ -99,6 +100,7 @@ class _Cycle:
 
     def __post_init__(self) -> None:
         self.gates = Gates(self.state)
+        self.pools = PoolTries(self.state, remember=not self.explain)
         self.rules = self.state.rules
 
     # ------------------------------------------------------------ phase 2
@@ -203,7 +205,7 @@ class _Cycle:
             _, i = pop(heap)
             line = lines[i]
             turn(line)
-            if not line.done and self._skip_answered(line):
+            if not line.done and self._skip_answered(line) and not self._settle_tail(line):
                 push(heap, (key(line), i))
 
     def _turn(self, line: Line) -> None:
@@ -224,6 +226,50 @@ class _Cycle:
                     outcome is Outcome.QUOTA or outcome is Outcome.CAPACITY
                 ) and job.id not in self.decisions.reservations:
                     self.failed[memo] = (outcome, reason)
+        self._account(line, job, outcome, reason)
+
+    def _settle_tail(self, line: Line) -> bool:
+        """When every job the line has left to look at this cycle takes an answer already
+        given to a job asking the same (their tries change nothing), account for them
+        all at once and end the line: their place among the other lines' turns changes
+        nothing, as no job of this line comes after them. False (nothing done) when one
+        would be tried for real, or when their count could reach the cycle's bound on
+        jobs looked at past a block (where the order of the turns decides who is cut)."""
+        if line.index <= line.unsettled:
+            return False  # a job ahead still needs a real try
+        jobs, answered, failed = line.jobs, self.answered, self.failed
+        policy = self.state.policy
+        name, past, i = line.queue.name, line.past_block, line.index
+        tail: list[tuple[int, tuple[Outcome, Reason | None]]] = []
+        while i < len(jobs) and past <= policy.backfill_depth:
+            job = jobs[i]
+            if not answered or job.id not in answered:
+                bound = job.max_runtime if job.max_runtime is not None else job.expected_runtime
+                known = None
+                if job.not_before is None:
+                    memo = (name, job.priority_class, job.shape(), job.pools, bound)
+                    known = failed.get(memo)
+                if known is None:
+                    line.unsettled = i
+                    return False
+                tail.append((i, known))
+                if known[0] in line.ends:
+                    break
+                past += 1
+            i += 1
+        if self.past_block + len(tail) > policy.max_examined_past_block:
+            return False
+        for index, (outcome, reason) in tail:
+            line.index = index
+            self._account(line, jobs[index], outcome, reason)
+        if not line.done:
+            line.index = i  # looked at to its end (past any answered jobs)
+        return True
+
+    def _account(
+        self, line: Line, job: PendingJob, outcome: Outcome, reason: Reason | None
+    ) -> None:
+        """Take the outcome of the try of ``job``, the job at the line's index."""
         self.examined += 1
         if outcome is Outcome.ADMITTED:
             self.shares.pop(line.queue.name, None)
@@ -264,21 +310,25 @@ class _Cycle:
         return line.index < len(line.jobs)
 
     def _key(self, line: Line) -> ordering.QueueKey:
-        """The heap key of the job at the line's index. Whether the job would borrow
-        wherever it may run is kept per request until the queue admits a job: only a pool
-        where the queue is guaranteed something can be within its quota."""
+        """The heap key of the job at the line's index (whether it would borrow wherever
+        it may run is kept until the queue's guaranteed usage changes)."""
         job = line.jobs[line.index]
         name = line.queue.name
-        memo = (job.shape(), job.pools)
-        borrows = line.borrows.get(memo)
-        if borrows is None:
+        state = self.state
+        memo = (name, job.shape(), job.pools)
+        version = state.quota.guaranteed_version.get(name, 0)
+        known = state.borrows.get(memo)
+        if known is not None and known[0] == version:
+            borrows = known[1]
+        else:
             if line.pools is None:
                 self._open_pools(line)
-            borrows = line.borrows[memo] = self.rules.quota.borrows(
-                self.state.quota, name, job, job.pools or line.own
-            )
+            borrows = self.rules.quota.borrows(state.quota, name, job, job.pools or line.own)
+            if len(state.borrows) >= MAX_REMEMBERED:
+                state.borrows.clear()  # memory stays bounded
+            state.borrows[memo] = version, borrows
         return self.rules.order.key(
-            job, line.values[line.index], name, borrows, self.state.now, self._share
+            job, line.values[line.index], name, borrows, state.now, self._share
         )
 
     def _share(self, queue: str) -> float:
@@ -331,26 +381,28 @@ class _Cycle:
         # not changed since a job of the same queue, class and shape failed there fails
         # the same way (the world only fills up in between): its verdict is reused.
         reuse = not self.explain and not self.reservations.items and not self.taken
-        verdicts = state.verdicts if reuse else None
+        verdicts: dict[str, list[Any]] = {}
+        if reuse:
+            if len(state.verdicts) >= MAX_REMEMBERED:
+                state.verdicts.clear()  # memory stays bounded
+            verdicts = state.verdicts.setdefault((queue.name, klass.value, shape), {})
         known: dict[str, list[Any]] = {}
+        changed = state.changed
         for pool in pools:
-            vkey: tuple[object, ...] | None = None
-            if verdicts is not None and pool not in self.touched:
-                vkey = (queue.name, klass.value, shape, pool)
-                stamp = state.changed.get(pool, 0)
-                verdict = verdicts.get(vkey)
-                if verdict is not None and verdict[0] == stamp:
+            mine = reuse and pool not in self.touched
+            if mine:
+                verdict = verdicts.get(pool)
+                if verdict is not None and verdict[0] == changed.get(pool, 0):
                     reasons.append(verdict[1])
                     known[pool] = verdict
                     continue
-            failed = self._in_pool(job, queue, klass, pool, total, shape, claims, held_back)
-            if failed is None:
+            failed = self.pools.attempt(job, queue.name, pool, total, shape, claims, held_back)
+            if not isinstance(failed, Reason):
+                self._admit(job, queue, klass, pool, *failed)
                 return Outcome.ADMITTED, None
             reasons.append(failed)
-            if vkey is not None and verdicts is not None:
-                if len(verdicts) >= MAX_REMEMBERED:
-                    verdicts.clear()  # memory stays bounded
-                known[pool] = verdicts[vkey] = [stamp, failed, False]
+            if mine:
+                known[pool] = verdicts[pool] = [changed.get(pool, 0), failed, False]
         if not held_back and self.rules.victims.may_preempt(klass):
             for pool in pools:
                 verdict = known.get(pool)
@@ -408,56 +460,6 @@ class _Cycle:
                 self.reach.ripe_at = ripe if current is None else min(current, ripe)
         return Outcome.CAPACITY, reason
 
-    def _in_pool(
-        self,
-        job: PendingJob,
-        queue: Queue,
-        klass: PriorityClass,
-        pool: str,
-        total: Mapping[str, int],
-        shape: tuple[object, ...],
-        claims: Claims | None,
-        held_back: list[str],
-    ) -> Reason | None:
-        """Admit ``job`` in ``pool`` if its quota and a placement allow; else why not
-        (and, when only the claims stand in the way, ``pool`` joins ``held_back``)."""
-        state = self.state
-        # Quota first, whatever is known about the nodes: a remembered failure must not
-        # change which reason (and so which outcome) the job gets.
-        check = state.quota.check(queue.name, pool, total)
-        if not check.fits and check.blocking_queue != ROOT:
-            # Out of the queue's own quota or of what it may borrow.
-            return check.reason(pool, queue.name)
-        key = (pool, shape, claims is not None)
-        cached = self.no_fit.get(key) if claims is not None else self._no_fit(pool, shape)
-        if cached is not None and (claims is None or self._no_fit(pool, shape) is not None):
-            return cached  # known not to fit on any node (the world only fills up)
-        if cached is not None:
-            placed = PlacementResult(reason=cached)
-        else:
-            side = state.side(queue.name, pool)
-            placed = state.placer.place(pool, job.replicas, claims=claims, side=side)
-        if placed.ok:
-            if not check.fits:
-                # Free nodes, but held back for other queues' unlent guarantees; when the
-                # pool itself is full, the placement's reason says it better.
-                return check.reason(pool, queue.name)
-            self._admit(job, queue, klass, pool, placed, check)
-            return None
-        assert placed.reason is not None
-        if claims is None:
-            self._remember_no_fit(pool, shape, placed.reason)
-        else:
-            self.no_fit[key] = placed.reason
-        if claims is not None and check.fits and self._no_fit(pool, shape) is None:
-            unclaimed = state.placer.place(pool, job.replicas)
-            if unclaimed.ok:
-                held_back.append(pool)
-            else:
-                assert unclaimed.reason is not None
-                self._remember_no_fit(pool, shape, unclaimed.reason)
-        return placed.reason
-
     def _claimed(self, pool: str, claims: Claims | None) -> frozenset[object] | None:
         """What ``claims`` hold on ``pool``'s nodes, hashable: a victim search that
         failed leaving the same claims free fails again until the pool changes."""
@@ -473,25 +475,6 @@ class _Cycle:
                 if node in nodes and nodes[node].pool == pool
             )
         return known
-
-    def _no_fit(self, pool: str, shape: tuple[object, ...]) -> Reason | None:
-        """Why a job of ``shape`` fits on no node of ``pool`` even without claims, if
-        known: found this cycle, or (without explanations) in an earlier cycle with no
-        capacity given back in the pool since."""
-        key = (pool, shape, False)
-        found = self.no_fit.get(key)
-        if found is not None or self.explain:
-            return found
-        lasting = self.state.no_fit.get((pool, shape))
-        if lasting is not None and lasting[0] == self.state.released.get(pool, 0):
-            reason: Reason = lasting[1]
-            self.no_fit[key] = reason
-            return reason
-        return None
-
-    def _remember_no_fit(self, pool: str, shape: tuple[object, ...], reason: Reason) -> None:
-        self.no_fit[(pool, shape, False)] = reason
-        self.state.no_fit[(pool, shape)] = (self.state.released.get(pool, 0), reason)
 
     def _admit(
         self,
@@ -519,9 +502,6 @@ class _Cycle:
         )
         state.hold(holder)
         self.touched.add(pool)
-        line = self.line_of.get(queue.name)
-        if line is not None:
-            line.borrows.clear()
         self.try_orders.clear()
         self.decisions.admitted.append(
             Admit(

@@ -165,9 +165,8 @@ class Line:
     """Every pool open to the queue."""
     own: list[str] = field(default_factory=list)
     """The leading part of ``pools``: those where the queue holds a guaranteed quota."""
-    borrows: dict[tuple[object, ...], bool] = field(default_factory=dict)
-    """Per request (shape, pools), whether it would borrow wherever it may run, as
-    worked out since the queue last admitted a job in this cycle."""
+    unsettled: int = -1
+    """The place of the last job found to need a real try (see the cycle's turns)."""
 
 
 @dataclass(slots=True)

@@ -114,6 +114,9 @@ class QuotaTree:
         """Per pool, the answers of :meth:`check` since its usage last changed: a full
         fleet asks the same question of the same queue many times."""
         self._shares: dict[str, float] = {}
+        self.guaranteed_version: dict[str, int] = {}
+        """Per leaf, how many times its guaranteed usage changed (whether a request is
+        within its nominal quota anywhere can only change then)."""
         """:meth:`dominant_share` per queue, since its usage last changed."""
         for pool, cap in capacity.items():
             self._nominal[(ROOT, pool)] = dict(cap)
@@ -375,6 +378,7 @@ class QuotaTree:
         for name in chain:
             self._shares.pop(name, None)
         if not borrow_only:
+            self.guaranteed_version[queue] = self.guaranteed_version.get(queue, 0) + 1
             guaranteed = self._guaranteed[(queue, pool)]
             for resource, amount in request.items():
                 guaranteed[resource] = guaranteed.get(resource, 0) + sign * amount

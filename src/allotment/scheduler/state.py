@@ -86,11 +86,14 @@ class CycleState:
         self.no_victims: dict[tuple[object, ...], int] = {}
         """Victim searches that failed without claims, with ``changed`` of their pool
         then: they fail again until it changes."""
-        self.verdicts: dict[tuple[object, ...], list[Any]] = {}
-        """Per (queue, class value, shape, pool), why a try failed there with no claims
-        and no victims taken: ``[changed of the pool then, its reason, whether a victim
-        search failed too]``. Only a cycle without explanations keeps them; they hold
+        self.verdicts: dict[tuple[object, ...], dict[str, list[Any]]] = {}
+        """Per (queue, class value, shape), then per pool, why a try failed there with no
+        claims and no victims taken: ``[changed of the pool then, its reason, whether a
+        victim search failed too]``. Only a cycle without explanations keeps them; they hold
         until the pool changes (the world only fills up in between)."""
+        self.borrows: dict[tuple[object, ...], tuple[int, bool]] = {}
+        """Per (queue, shape, pools), whether such a request would borrow wherever it may
+        run, with the queue's ``guaranteed_version`` then (see the cycle's order keys)."""
         self.no_fit: dict[tuple[object, ...], tuple[int, Any]] = {}
         """Placements that failed without claims, with ``released`` of their pool then
         and the reason: they fail again until capacity comes back."""

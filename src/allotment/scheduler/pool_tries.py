@@ -1,0 +1,94 @@
+"""Trying one job in one pool: its quota first, then a placement on the pool's nodes.
+
+What a cycle learns on the way is kept: a shape that fits on no node of a pool fails
+again for the rest of the cycle (the world only fills up during one), and -- when the
+cycle gives no explanations, as in the replay -- in later cycles too, until running jobs
+give capacity back in that pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from allotment.domain.reasons import Reason
+from allotment.scheduler.placement import Claims, PlacementResult
+from allotment.scheduler.quota import ROOT, QuotaCheck
+from allotment.scheduler.snapshot import PendingJob
+from allotment.scheduler.state import CycleState
+
+
+class PoolTries:
+    """One cycle's tries of jobs in pools, and the placements known not to fit."""
+
+    def __init__(self, state: CycleState, *, remember: bool) -> None:
+        self.state = state
+        self.remember = remember
+        """Whether a failed placement is known in later cycles (until capacity returns)."""
+        self.no_fit: dict[tuple[object, ...], Reason] = {}
+
+    def attempt(
+        self,
+        job: PendingJob,
+        queue: str,
+        pool: str,
+        total: Mapping[str, int],
+        shape: tuple[object, ...],
+        claims: Claims | None,
+        held_back: list[str],
+    ) -> tuple[PlacementResult, QuotaCheck] | Reason:
+        """Where ``job`` of ``queue`` would run in ``pool`` now, with its quota answer;
+        else why it may not (and, when only the claims stand in the way, ``pool`` joins
+        ``held_back``)."""
+        state = self.state
+        # Quota first, whatever is known about the nodes: a remembered failure must not
+        # change which reason (and so which outcome) the job gets.
+        check = state.quota.check(queue, pool, total)
+        if not check.fits and check.blocking_queue != ROOT:
+            return check.reason(pool, queue)  # out of its own quota or what it may borrow
+        key = (pool, shape, claims is not None)
+        cached = self.no_fit.get(key) if claims is not None else self.known(pool, shape)
+        if cached is not None and (claims is None or self.known(pool, shape) is not None):
+            return cached  # known not to fit on any node (the world only fills up)
+        if cached is not None:
+            placed = PlacementResult(reason=cached)
+        else:
+            side = state.side(queue, pool)
+            placed = state.placer.place(pool, job.replicas, claims=claims, side=side)
+        if placed.ok:
+            if not check.fits:
+                # Free nodes, but held back for other queues' unlent guarantees; when the
+                # pool itself is full, the placement's reason says it better.
+                return check.reason(pool, queue)
+            return placed, check
+        assert placed.reason is not None
+        if claims is None:
+            self._learn(pool, shape, placed.reason)
+        else:
+            self.no_fit[key] = placed.reason
+        if claims is not None and check.fits and self.known(pool, shape) is None:
+            unclaimed = state.placer.place(pool, job.replicas)
+            if unclaimed.ok:
+                held_back.append(pool)
+            else:
+                assert unclaimed.reason is not None
+                self._learn(pool, shape, unclaimed.reason)
+        return placed.reason
+
+    def known(self, pool: str, shape: tuple[object, ...]) -> Reason | None:
+        """Why a job of ``shape`` fits on no node of ``pool`` even without claims, if
+        known: found this cycle, or (remembering) in an earlier cycle with no capacity
+        given back in the pool since."""
+        key = (pool, shape, False)
+        found = self.no_fit.get(key)
+        if found is not None or not self.remember:
+            return found
+        lasting = self.state.no_fit.get((pool, shape))
+        if lasting is not None and lasting[0] == self.state.released.get(pool, 0):
+            reason: Reason = lasting[1]
+            self.no_fit[key] = reason
+            return reason
+        return None
+
+    def _learn(self, pool: str, shape: tuple[object, ...], reason: Reason) -> None:
+        self.no_fit[(pool, shape, False)] = reason
+        self.state.no_fit[(pool, shape)] = (self.state.released.get(pool, 0), reason)
