@@ -10,14 +10,16 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from unittest.mock import patch
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from allotment.scheduler import cycle as cycle_module
 from allotment.scheduler.cycle import schedule_once
 from allotment.scheduler.decisions import Decisions
-from allotment.scheduler.lines import group_lines
+from allotment.scheduler.lines import Line, group_lines
 from allotment.scheduler.session import Session
 from allotment.scheduler.snapshot import PendingJob, SchedulerPolicy, Snapshot
 from allotment.scheduler.state import CycleState
@@ -141,6 +143,54 @@ def _cluster() -> ClusterBuilder:
         .leaf("team-a", quota={"a100": {"gpu": 8}})
         .leaf("team-b", quota={"a100": {"gpu": 8}})
     )
+
+
+@SETTINGS
+@given(worlds())
+def test_settling_a_line_of_known_answers_at_once_changes_no_decision(world: World) -> None:
+    """A line whose remaining jobs all take answers already given this cycle is settled
+    at once instead of turn by turn; the same snapshot decides the same either way, and
+    every job gets the same reason."""
+    snapshot = world.snapshot()
+    settled = schedule_once(snapshot)
+    with patch.object(cycle_module._Cycle, "_settle_tail", lambda self, line: False):
+        turned = schedule_once(snapshot)
+    assert settled.admitted == turned.admitted
+    assert settled.preemptions == turned.preemptions
+    assert settled.reservations == turned.reservations
+    assert dict(settled.waiting.items()) == dict(turned.waiting.items())
+
+
+def test_a_line_of_jobs_asking_what_failed_is_settled_at_once() -> None:
+    """Behind a head that does not fit, jobs asking the same take its answer: the line
+    is settled in one step (not a heap turn each), up to the backfill depth, and each of
+    them waits with the head's reason."""
+    cluster = (
+        ClusterBuilder()
+        .pool("a100", nodes=1, gpu=8)
+        .leaf("team-a", quota={"a100": {"gpu": 8}})
+        .leaf("team-b", quota={"a100": {"gpu": 0}})
+        .build()
+    )
+    session = Session(cluster, SchedulerPolicy(backfill_depth=4))
+    session.started(running("r", "team-a", "a100-00", gpu=8))
+    for i in range(10):
+        session.submit(job(f"a{i}", "team-a", gpu=4, submit=NOW + i))
+    session.submit(job("b0", "team-b", gpu=1, submit=NOW))
+    calls: list[bool] = []
+    settle = cycle_module._Cycle._settle_tail
+
+    def spy(self: cycle_module._Cycle, line: Line) -> bool:
+        calls.append(settle(self, line))
+        return calls[-1]
+
+    with patch.object(cycle_module._Cycle, "_settle_tail", spy):
+        decisions = session.cycle(NOW + 20)
+    assert True in calls
+    assert decisions.stats["examined"] == 1 + 4 + 1  # a0 tried, a1..a4 settled, b0
+    head = decisions.waiting["a0"]
+    assert all(decisions.waiting[f"a{i}"] == head for i in range(1, 5))
+    assert decisions.waiting["a5"].code.value == "behind_higher_priority"
 
 
 def test_admitted_jobs_run_in_the_session_until_they_are_gone() -> None:
