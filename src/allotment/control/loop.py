@@ -245,8 +245,7 @@ class ControlLoop:
                     attempt.number,
                     attempt.allocation,
                 )
-                for job, attempt in open_attempts(db)
-                if job.state == _S.ADMITTED.value
+                for job, attempt in open_attempts(db, states=(_S.ADMITTED,))
             ]
         if not rows:
             return []
