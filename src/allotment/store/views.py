@@ -7,6 +7,7 @@ without touching the loop). Functions read through the given session and never w
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
 
 from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session as DbSession
@@ -73,6 +74,32 @@ def open_attempts(
     if lock:
         query = query.with_for_update(of=Job)
     return [(job, attempt) for job, attempt in db.execute(query).tuples()]
+
+
+class OpenAttempt(NamedTuple):
+    """The columns of an open attempt (and of its job) that the loop's ``observe`` needs."""
+
+    job: str
+    state: str
+    number: int
+    allocation: list[Any]
+    exit_code: int | None
+    signal: int | None
+
+
+def open_attempt_rows(db: DbSession, *, lock: bool = False) -> list[OpenAttempt]:
+    """:func:`open_attempts` without whole rows (no spec): only the columns of
+    :class:`OpenAttempt`, in submission order; ``lock`` locks the job rows likewise."""
+    query = (
+        select(Job.id, Job.state, Attempt.number, Attempt.allocation)
+        .add_columns(Attempt.exit_code, Attempt.signal)
+        .join(Attempt, and_(Attempt.job_id == Job.id, Attempt.number == Job.attempt))
+        .where(Attempt.end_time.is_(None))
+        .order_by(Job.submit_time, Job.id)
+    )
+    if lock:
+        query = query.with_for_update(of=Job)
+    return [OpenAttempt(*row) for row in db.execute(query).tuples()]
 
 
 def last_event_id(db: DbSession) -> int:
