@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
@@ -33,3 +34,18 @@ def test_make_private_creates_every_level_0700(tmp_path: Path) -> None:
     for directory in (root, root / "vision", root / "vision" / "j-1", logs.parent, logs):
         assert mode(directory) == 0o700, directory
     make_private(root, logs)  # idempotent
+
+
+def test_make_private_creates_the_missing_levels_0700_whatever_the_umask(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "work"
+    make_private(root, logs_dir(root, "vision", "j-1", 1))
+    logs = logs_dir(root, "vision", "j-1", 2)
+    old = os.umask(0o277)  # mkdir alone would leave 0o500
+    try:
+        make_private(root, logs)
+    finally:
+        os.umask(old)
+    for directory in (root, root / "vision", root / "vision" / "j-1", logs.parent, logs):
+        assert mode(directory) == 0o700, directory

@@ -9,8 +9,9 @@ replica), and every job the store calls ``admitted`` is (re)launched
 on each cycle and reconciliation, so a crash between the commit and the launch is
 repaired by calling :meth:`ControlLoop.cycle` or :meth:`ControlLoop.reconcile` again.
 
-:meth:`ControlLoop.observe` turns what the executor sees into lifecycle moves, always
-through :func:`~allotment.store.jobs.transition_job`; :meth:`ControlLoop.reconcile` finds
+:meth:`ControlLoop.observe` turns what the executor sees into lifecycle moves, planned
+per job and written together (:mod:`.observe`, through
+:func:`~allotment.store.jobs.transition_jobs`); :meth:`ControlLoop.reconcile` finds
 zombies (jobs the store believes run but whose replicas the executor has lost) and
 orphans (replicas nobody in the store owns), each reported (:mod:`.orphans`).
 
@@ -32,6 +33,7 @@ from sqlalchemy.orm import sessionmaker
 
 from allotment.control.cluster_state import ClusterState
 from allotment.control.launch import launch_attempt, replica_keys
+from allotment.control.observe import Plan, plan, write
 from allotment.control.orphans import OrphanTracker
 from allotment.control.pending import PendingFeed, pending_ids
 from allotment.control.retries import finish_attempt
@@ -46,7 +48,6 @@ from allotment.executors.base import (
     ReplicaPhase,
     ReplicaStatus,
 )
-from allotment.executors.failures import classify, describe_end
 from allotment.scheduler.decisions import Decisions
 from allotment.scheduler.session import Session
 from allotment.scheduler.snapshot import (
@@ -61,7 +62,13 @@ from allotment.store.jobs import (
     transition_job,
 )
 from allotment.store.models import Attempt, Job
-from allotment.store.views import open_attempts, pending_of, pending_rows, running_of
+from allotment.store.views import (
+    open_attempt_rows,
+    open_attempts,
+    pending_of,
+    pending_rows,
+    running_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -245,8 +252,7 @@ class ControlLoop:
                     attempt.number,
                     attempt.allocation,
                 )
-                for job, attempt in open_attempts(db)
-                if job.state == _S.ADMITTED.value
+                for job, attempt in open_attempts(db, states=(_S.ADMITTED,))
             ]
         if not rows:
             return []
@@ -290,43 +296,24 @@ class ControlLoop:
         statuses = self.executor.observe()
         session = self.session
         now = self.clock()
-        moves: list[Move] = []
-        to_stop: list[ReplicaKey] = []
-        stopping: list[str] = []
-        gone: list[str] = []
-        requeued: list[PendingJob] = []
+        plans: list[Plan] = []
         with self.store_sessions.begin() as db:
-            for job, attempt in open_attempts(db, lock=True):
-                state = _S(job.state)
-                if state is _S.ADMITTED:
+            for row in open_attempt_rows(db, lock=True):
+                planned = plan(row, statuses, now, stop_sent=row.job in self._stop_sent)
+                if planned is None:
                     continue
-                keys = replica_keys(job.id, attempt.number, attempt.allocation)
-                seen = {key: statuses.get(key) for key in keys}
-                if state in (_S.STARTING, _S.RUNNING):
-                    known = {k: s for k, s in seen.items() if s is not None}
-                    if len(known) < len(keys):
-                        continue  # a zombie: reconcile() decides
-                    state = self._apply(db, job, attempt, known, now, moves, to_stop)
-                    if state is _S.FAILED:
-                        self._stop_sent.add(job.id)
-                if state in ACTIVE:
-                    continue
-                ended = {k: s for k, s in seen.items() if s is not None}
-                if all(s.ended for s in ended.values()):
-                    self._finish(db, job, attempt, ended, now, moves, requeued)
-                    gone.append(job.id)
-                elif job.id not in self._stop_sent:
-                    to_stop.extend(k for k, s in ended.items() if not s.ended)
-                    stopping.append(job.id)
-                else:
-                    # Lost replicas whose processes still run are stopped again until
-                    # they are gone: their devices are not free before.
-                    to_stop.extend(k for k, s in ended.items() if s.lingering)
-        for job_id in stopping:
-            self._stop_sent.add(job_id)
-            session.stopping(job_id)
-        self._settle(session, gone, requeued)
-        self._stop_keys(list(dict.fromkeys(to_stop)))
+                if planned.failed:
+                    self._stop_sent.add(row.job)
+                plans.append(planned)
+            # The moves of all jobs together (see :mod:`.observe`).
+            moves, requeued = write(db, self.cluster, plans, now)
+        for planned in plans:
+            if planned.stopping:
+                self._stop_sent.add(planned.job)
+                session.stopping(planned.job)
+        gone = [p.job for p in plans if p.closes]
+        self._settle(session, gone, [self._pending(job) for job in requeued])
+        self._stop_keys(list(dict.fromkeys(k for p in plans for k in p.to_stop)))
         return moves
 
     def _finish(
@@ -344,56 +331,6 @@ class ControlLoop:
         if finish_attempt(db, self.cluster, job, attempt, seen, now):
             moves.append(Move(job=job.id, source=state, target=_S.PENDING))
             requeued.append(self._pending(job))
-
-    def _apply(
-        self,
-        db: DbSession,
-        job: Job,
-        attempt: Attempt,
-        seen: Mapping[ReplicaKey, ReplicaStatus],
-        now: float,
-        moves: list[Move],
-        to_stop: list[ReplicaKey],
-    ) -> JobState:
-        """Move a starting or running job as its replicas' statuses say; return the new
-        state."""
-        state = _S(job.state)
-        started = all(
-            s.phase is ReplicaPhase.RUNNING or (s.ended and s.started_at is not None)
-            for s in seen.values()
-        )
-        if state is _S.STARTING and started:
-            state = self._move(db, job, _S.RUNNING, now, "all replicas running", moves)
-            attempt.start_time = min(
-                (s.started_at for s in seen.values() if s.started_at is not None),
-                default=now,
-            )
-        failures: list[tuple[float, ReplicaKey, ReplicaStatus, FailureClass]] = []
-        for key, status in seen.items():
-            if status.over:
-                klass = classify(status)
-                if klass is not None:
-                    failures.append((status.ended_at or now, key, status, klass))
-        if failures:
-            _, key, status, klass = min(failures, key=lambda f: (f[0], f[1]))
-            how = describe_end(status)
-            state = self._move(
-                db,
-                job,
-                _S.FAILED,
-                now,
-                f"replica {key.replica}-{key.index} ended: {how}",
-                moves,
-                failure=klass,
-                detail={"replica": f"{key.replica}-{key.index}", "phase": status.phase.value},
-            )
-            attempt.exit_code = status.exit_code
-            attempt.signal = status.signal
-            to_stop.extend(k for k, s in seen.items() if not s.ended)
-        elif all(s.ended for s in seen.values()):
-            state = self._move(db, job, _S.SUCCEEDED, now, "all replicas exited 0", moves)
-            attempt.exit_code = 0
-        return state
 
     def _move(
         self,

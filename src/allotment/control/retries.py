@@ -29,19 +29,33 @@ from allotment.store.models import Attempt, Event, Job
 
 
 def close_attempt(attempt: Attempt, seen: Mapping[ReplicaKey, ReplicaStatus], now: float) -> None:
-    """Mark ``attempt`` ended when its last replica did (``now`` if none is known), with
-    how its replicas ended when not recorded yet: a failing one first (e.g. the SIGKILL
-    that ended a preempted replica which ignored SIGTERM)."""
+    """Mark ``attempt`` ended as :func:`closed_columns` says."""
+    for column, value in closed_columns(seen, now, attempt.exit_code, attempt.signal).items():
+        setattr(attempt, column, value)
+
+
+def closed_columns(
+    seen: Mapping[ReplicaKey, ReplicaStatus],
+    now: float,
+    exit_code: int | None,
+    signal: int | None,
+) -> dict[str, Any]:
+    """The columns of an attempt (whose ``exit_code`` and ``signal`` are given) that its
+    closing writes: ended when its last replica did (``now`` if none is known), with how
+    its replicas ended when not recorded yet: a failing one first (e.g. the SIGKILL that
+    ended a preempted replica which ignored SIGTERM)."""
     ends = [s.ended_at for s in seen.values() if s.ended_at is not None]
-    attempt.end_time = max(ends, default=now)
-    if attempt.exit_code is None and attempt.signal is None:
+    columns: dict[str, Any] = {"end_time": max(ends, default=now)}
+    if exit_code is None and signal is None:
         ending = sorted(
             (s.exit_code == 0 and s.signal is None, key, s)
             for key, s in seen.items()
             if s.exit_code is not None or s.signal is not None
         )
         if ending:
-            attempt.exit_code, attempt.signal = ending[0][2].exit_code, ending[0][2].signal
+            columns["exit_code"] = ending[0][2].exit_code
+            columns["signal"] = ending[0][2].signal
+    return columns
 
 
 def finish_attempt(
@@ -56,6 +70,12 @@ def finish_attempt(
     requeue the job if it was preempted, retry it if it failed and its policy allows.
     Return whether it went back to ``pending``."""
     close_attempt(attempt, seen, now)
+    return requeue_ended(db, cluster, job, now)
+
+
+def requeue_ended(db: DbSession, cluster: Cluster, job: Job, now: float) -> bool:
+    """After its attempt closed: requeue ``job`` if it was preempted, retry it if it
+    failed and its policy allows. Return whether it went back to ``pending``."""
     if job.state == JobState.PREEMPTED.value:
         requeue_preempted(db, job, now)
         return True

@@ -296,6 +296,17 @@ def _expire(session: Session, model: type[Base], keys: Iterable[tuple[Any, ...]]
             session.expire(obj)
 
 
+def update_attempts(session: Session, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Write columns of attempts set-based: each row names its attempt (``job_id``,
+    ``number``) and holds its new values (``{"end_time": ...}``); one batch per set of
+    columns. Objects of these attempts already in ``session`` are expired."""
+    if not rows:
+        return
+    session.flush()  # what the caller added before lands first
+    _update_rows(session, _ATTEMPTS, ("job_id", "number"), rows)
+    _expire(session, Attempt, [(row["job_id"], row["number"]) for row in rows])
+
+
 def sync_attempt(session: Session, job: Job) -> None:
     """The job's current attempt takes the job's state (and failure class, when set)."""
     attempt = session.get(Attempt, (job.id, job.attempt))

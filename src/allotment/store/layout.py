@@ -66,12 +66,21 @@ def log_path(
 
 def make_private(work_root: Path, directory: Path) -> None:
     """Create ``directory`` (below ``work_root``) and every missing directory between,
-    ``work_root`` included, with mode ``0o700``. Raises ``OSError``."""
+    ``work_root`` included, with mode ``0o700``. Raises ``OSError``.
+
+    The walk goes up from ``directory`` to the deepest level that exists (at a new
+    attempt, its job's or its tenant's; for a gang's second replica, ``directory``
+    itself), then creates the missing levels downwards: the levels above are not looked
+    at again for every launch. Existing directories keep their mode."""
     root = Path(work_root)
-    relative = Path(directory).relative_to(root)
-    current = root
-    for part in ("", *relative.parts):
-        current = current / part if part else current
-        if not current.is_dir():
-            current.mkdir(mode=PRIVATE, exist_ok=True)
-            current.chmod(PRIVATE)  # mkdir's mode is masked by the umask
+    current = Path(directory)
+    current.relative_to(root)  # raises ValueError outside the root
+    missing: list[Path] = []
+    while not current.is_dir():
+        missing.append(current)
+        if current == root:
+            break
+        current = current.parent
+    for path in reversed(missing):
+        path.mkdir(mode=PRIVATE, exist_ok=True)
+        path.chmod(PRIVATE)  # mkdir's mode is masked by the umask

@@ -6,7 +6,8 @@ without touching the loop). Functions read through the given session and never w
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
 
 from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session as DbSession
@@ -55,19 +56,50 @@ def running_of(job: Job, attempt: Attempt, cluster: Cluster) -> RunningJob:
     )
 
 
-def open_attempts(db: DbSession, *, lock: bool = False) -> list[tuple[Job, Attempt]]:
-    """Jobs whose latest attempt has not ended, in submission order; ``lock`` locks
-    their job rows until the transaction ends (PostgreSQL), so that their moves may skip
-    reading each row again."""
+def open_attempts(
+    db: DbSession, *, lock: bool = False, states: Iterable[JobState] | None = None
+) -> list[tuple[Job, Attempt]]:
+    """Jobs whose latest attempt has not ended, in submission order (only those in
+    ``states`` when given, filtered in the query); ``lock`` locks their job rows until
+    the transaction ends (PostgreSQL), so that their moves may skip reading each row
+    again."""
     query = (
         select(Job, Attempt)
         .join(Attempt, and_(Attempt.job_id == Job.id, Attempt.number == Job.attempt))
         .where(Attempt.end_time.is_(None))
         .order_by(Job.submit_time, Job.id)
     )
+    if states is not None:
+        query = query.where(Job.state.in_([JobState(s).value for s in states]))
     if lock:
         query = query.with_for_update(of=Job)
     return [(job, attempt) for job, attempt in db.execute(query).tuples()]
+
+
+class OpenAttempt(NamedTuple):
+    """The columns of an open attempt (and of its job) that the loop's ``observe`` needs."""
+
+    job: str
+    state: str
+    number: int
+    allocation: list[Any]
+    exit_code: int | None
+    signal: int | None
+
+
+def open_attempt_rows(db: DbSession, *, lock: bool = False) -> list[OpenAttempt]:
+    """:func:`open_attempts` without whole rows (no spec): only the columns of
+    :class:`OpenAttempt`, in submission order; ``lock`` locks the job rows likewise."""
+    query = (
+        select(Job.id, Job.state, Attempt.number, Attempt.allocation)
+        .add_columns(Attempt.exit_code, Attempt.signal)
+        .join(Attempt, and_(Attempt.job_id == Job.id, Attempt.number == Job.attempt))
+        .where(Attempt.end_time.is_(None))
+        .order_by(Job.submit_time, Job.id)
+    )
+    if lock:
+        query = query.with_for_update(of=Job)
+    return [OpenAttempt(*row) for row in db.execute(query).tuples()]
 
 
 def last_event_id(db: DbSession) -> int:
