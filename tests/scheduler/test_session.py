@@ -161,10 +161,8 @@ def test_settling_a_line_of_known_answers_at_once_changes_no_decision(world: Wor
     assert dict(settled.waiting.items()) == dict(turned.waiting.items())
 
 
-def test_a_line_of_jobs_asking_what_failed_is_settled_at_once() -> None:
-    """Behind a head that does not fit, jobs asking the same take its answer: the line
-    is settled in one step (not a heap turn each), up to the backfill depth, and each of
-    them waits with the head's reason."""
+def _full_node(backfill_depth: int) -> Session:
+    """One 8-GPU node, full with team-a's job ``r``; team-b is guaranteed nothing."""
     cluster = (
         ClusterBuilder()
         .pool("a100", nodes=1, gpu=8)
@@ -172,8 +170,16 @@ def test_a_line_of_jobs_asking_what_failed_is_settled_at_once() -> None:
         .leaf("team-b", quota={"a100": {"gpu": 0}})
         .build()
     )
-    session = Session(cluster, SchedulerPolicy(backfill_depth=4))
+    session = Session(cluster, SchedulerPolicy(backfill_depth=backfill_depth))
     session.started(running("r", "team-a", "a100-00", gpu=8))
+    return session
+
+
+def test_a_line_of_jobs_asking_what_failed_is_settled_at_once() -> None:
+    """Behind a head that does not fit, jobs asking the same take its answer: the line
+    is settled in one step (not a heap turn each), up to the backfill depth, and each of
+    them waits with the head's reason."""
+    session = _full_node(backfill_depth=4)
     for i in range(10):
         session.submit(job(f"a{i}", "team-a", gpu=4, submit=NOW + i))
     session.submit(job("b0", "team-b", gpu=1, submit=NOW))
@@ -297,15 +303,7 @@ def test_a_cycle_that_could_see_nothing_new_is_not_run_again() -> None:
     answered without being run while nothing it would look at changed: arrivals behind
     where each line stopped. A job ahead of that point, one in a line looked at to its
     end, a job's end, or a wait that reaches ``reserve_after`` makes it run."""
-    cluster = (
-        ClusterBuilder()
-        .pool("a100", nodes=1, gpu=8)
-        .leaf("team-a", quota={"a100": {"gpu": 8}})
-        .leaf("team-b", quota={"a100": {"gpu": 0}})
-        .build()
-    )
-    session = Session(cluster, SchedulerPolicy(backfill_depth=2))
-    session.started(running("r", "team-a", "a100-00", gpu=8))
+    session = _full_node(backfill_depth=2)
     for i in range(5):
         session.submit(job(f"w{i}", "team-a", gpu=8, submit=NOW + i))
     first = session.cycle(NOW + 10, explain=False)
