@@ -56,7 +56,15 @@ from allotment.scheduler.snapshot import PendingJob, Snapshot
 from allotment.scheduler.state import CycleState
 
 MAX_REMEMBERED = 65_536
-"""Failed victim searches a session remembers across cycles, at most."""
+"""Entries a session keeps in each of its memories across cycles (failed victim searches,
+verdicts per pool, whether a request borrows), at most."""
+
+
+def asking(queue: str, job: PendingJob) -> tuple[object, ...]:
+    """What decides a try's answer within a cycle: jobs of a queue asking the same
+    (class, shape, pools, runtime bound) fail the same way, as the world only fills up."""
+    bound = job.max_runtime if job.max_runtime is not None else job.expected_runtime
+    return (queue, job.priority_class, job.shape(), job.pools, bound)
 
 
 @dataclass(slots=True)
@@ -94,9 +102,8 @@ class _Cycle:
     """Jobs looked at, across all queues, that did not start."""
     claimed: dict[tuple[object, ...], frozenset[object]] = field(default_factory=dict)
     failed: dict[tuple[object, ...], tuple[Outcome, Reason | None]] = field(default_factory=dict)
-    """Tries that failed this cycle without a reservation, by what decides them (queue,
-    class, request, pools, runtime bound): the world only fills up during a cycle, so a
-    job asking the same fails the same way."""
+    """Tries that failed this cycle without a reservation, by what decides them
+    (:func:`asking`)."""
 
     def __post_init__(self) -> None:
         self.gates = Gates(self.state)
@@ -215,8 +222,7 @@ class _Cycle:
         if job.not_before is not None:  # a back-off gate is the job's own
             outcome, reason = self._try(job, line)
         else:
-            bound = job.max_runtime if job.max_runtime is not None else job.expected_runtime
-            memo = (line.queue.name, job.priority_class, job.shape(), job.pools, bound)
+            memo = asking(line.queue.name, job)
             known = self.failed.get(memo)
             if known is not None:
                 outcome, reason = known
@@ -244,11 +250,7 @@ class _Cycle:
         while i < len(jobs) and past <= policy.backfill_depth:
             job = jobs[i]
             if not answered or job.id not in answered:
-                bound = job.max_runtime if job.max_runtime is not None else job.expected_runtime
-                known = None
-                if job.not_before is None:
-                    memo = (name, job.priority_class, job.shape(), job.pools, bound)
-                    known = failed.get(memo)
+                known = failed.get(asking(name, job)) if job.not_before is None else None
                 if known is None:
                     line.unsettled = i
                     return False
