@@ -227,7 +227,9 @@ class Session:
     def cycle(self, now: float, *, explain: bool = True) -> Decisions:
         """One scheduling cycle at ``now``, on the session's state. Admitted jobs leave
         their lines and run from then on. With ``explain`` off, only jobs the cycle
-        looked at get a reason and ``queue_order`` stays empty (cheaper)."""
+        looked at get a reason and ``queue_order`` stays empty (cheaper), and a cycle
+        that could see nothing new since one that decided nothing is not run: it is
+        answered with no decisions and ``stats["quiet"]`` set."""
         if now < self.state.now:
             raise ValueError(f"time went backwards: {now} < {self.state.now}")
         self.state.begin(now)
