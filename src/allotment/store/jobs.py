@@ -157,16 +157,25 @@ def transition_job(
         failure=failure_class,
         detail=detail,
     )
-    job.state = move.target.value
-    job.failure_class = move.failure.value if move.failure is not None else None
-    job.updated_at = at
-    if move.target not in WAITING:
-        # A reason says why a job waits: one that no longer waits has none.
-        job.reason_code = job.reason_message = job.reason_detail = job.reason_since = None
+    for column, value in _moved(move, at).items():
+        setattr(job, column, value)
     session.add(_event(job.id, move))
     if flush:
         session.flush()
     return job
+
+
+def _moved(move: Transition, at: float) -> dict[str, Any]:
+    """The job row's columns after ``move``, for one job or a batch."""
+    columns: dict[str, Any] = {
+        "state": move.target.value,
+        "failure_class": move.failure.value if move.failure is not None else None,
+        "updated_at": at,
+    }
+    if move.target not in WAITING:
+        # A reason says why a job waits: one that no longer waits has none.
+        columns.update(reason_code=None, reason_message=None, reason_detail=None, reason_since=None)
+    return columns
 
 
 def _event(job_id: str, move: Transition) -> Event:
@@ -237,21 +246,12 @@ def transition_jobs(session: Session, changes: Sequence[StateChange], *, at: flo
     jobs: list[dict[str, Any]] = []
     attempts: list[dict[str, Any]] = []
     for change, move in zip(changes, moves, strict=True):
-        failure = move.failure.value if move.failure is not None else None
-        row = {
-            "id": change.job_id,
-            "state": move.target.value,
-            "failure_class": failure,
-            "updated_at": at,
-            **(change.values or {}),
-        }
-        if move.target not in WAITING:
-            row.update(reason_code=None, reason_message=None, reason_detail=None, reason_since=None)
+        row = {"id": change.job_id, **_moved(move, at), **(change.values or {})}
         jobs.append(row)
         if change.attempt is not None:
             attempt = {"job_id": change.job_id, "number": change.attempt, "state": row["state"]}
-            if failure is not None:
-                attempt["failure_class"] = failure
+            if row["failure_class"] is not None:  # as sync_attempt: a class, once set, stays
+                attempt["failure_class"] = row["failure_class"]
             attempts.append(attempt)
     _update_rows(session, _JOBS, ("id",), jobs)
     session.execute(
