@@ -7,9 +7,9 @@ without touching the loop). Functions read through the given session and never w
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import Select, and_, func, select
 from sqlalchemy.orm import Session as DbSession
 
 from allotment.domain.cluster import Cluster
@@ -24,6 +24,8 @@ from allotment.scheduler.snapshot import (
 )
 from allotment.store.allocations import placements_from_json
 from allotment.store.models import Attempt, Event, Job
+
+_T = TypeVar("_T", bound=tuple[Any, ...])
 
 
 def pending_of(job: Job, cluster: Cluster) -> PendingJob:
@@ -63,17 +65,22 @@ def open_attempts(
     ``states`` when given, filtered in the query); ``lock`` locks their job rows until
     the transaction ends (PostgreSQL), so that their moves may skip reading each row
     again."""
-    query = (
-        select(Job, Attempt)
-        .join(Attempt, and_(Attempt.job_id == Job.id, Attempt.number == Job.attempt))
-        .where(Attempt.end_time.is_(None))
-        .order_by(Job.submit_time, Job.id)
-    )
+    query = _open(select(Job, Attempt))
     if states is not None:
         query = query.where(Job.state.in_([JobState(s).value for s in states]))
     if lock:
         query = query.with_for_update(of=Job)
     return [(job, attempt) for job, attempt in db.execute(query).tuples()]
+
+
+def _open(query: Select[_T]) -> Select[_T]:
+    """``query`` on jobs joined to their latest attempt, where it has not ended, in
+    submission order."""
+    return (
+        query.join(Attempt, and_(Attempt.job_id == Job.id, Attempt.number == Job.attempt))
+        .where(Attempt.end_time.is_(None))
+        .order_by(Job.submit_time, Job.id)
+    )
 
 
 class OpenAttempt(NamedTuple):
@@ -90,12 +97,10 @@ class OpenAttempt(NamedTuple):
 def open_attempt_rows(db: DbSession, *, lock: bool = False) -> list[OpenAttempt]:
     """:func:`open_attempts` without whole rows (no spec): only the columns of
     :class:`OpenAttempt`, in submission order; ``lock`` locks the job rows likewise."""
-    query = (
-        select(Job.id, Job.state, Attempt.number, Attempt.allocation)
-        .add_columns(Attempt.exit_code, Attempt.signal)
-        .join(Attempt, and_(Attempt.job_id == Job.id, Attempt.number == Job.attempt))
-        .where(Attempt.end_time.is_(None))
-        .order_by(Job.submit_time, Job.id)
+    query = _open(
+        select(Job.id, Job.state, Attempt.number, Attempt.allocation).add_columns(
+            Attempt.exit_code, Attempt.signal
+        )
     )
     if lock:
         query = query.with_for_update(of=Job)
