@@ -32,6 +32,27 @@ def test_higher_priority_preempts_lower_in_its_queue() -> None:
     assert codes(decisions) == {"hi": "waiting_for_preemption"}
 
 
+def test_own_victims_are_looked_for_by_class_first() -> None:
+    """A queue's jobs of the preemptor's own class are no victims under
+    ``lower_priority`` (the search gives up by class, without looking at each job), but
+    are under ``any``; a lower class beside them still is one."""
+    same = [
+        running("peer", "a", "a100-00", gpu=8, prio="training"),
+        running("other", "b", "a100-01", gpu=8),
+    ]
+    waiting = [job("hi", "a", gpu=8, prio="training")]
+    assert victims(cycle(shared().build(), waiting, same)) == {}
+    anyone = shared(preemption={"within_queue": "any", "reclaim": "any"}).build()
+    assert victims(cycle(anyone, waiting, same)) == {"hi": ["peer"]}
+    mixed = [
+        running("peer", "a", "a100-00", gpu=4, prio="training"),
+        running("low", "a", "a100-00", gpu=4, prio="experiment"),
+        running("other", "b", "a100-01", gpu=8),
+    ]
+    four = [job("hi", "a", gpu=4, prio="training")]
+    assert victims(cycle(shared().build(), four, mixed)) == {"hi": ["low"]}
+
+
 def test_queue_policy_never_forbids_within_queue_preemption() -> None:
     cluster = shared(preemption={"within_queue": "never", "reclaim": "any"}).build()
     runs = [

@@ -71,6 +71,10 @@ def assert_same_state(session: Session) -> None:
         assert _nonzero(kept.quota._usage[key]) == _nonzero(usage), key
     for key, demand in fresh.quota._demand.items():
         assert _nonzero(kept.quota._demand[key]) == _nonzero(demand), key
+    # The classes held per (pool, queue), which victim searches look at first.
+    assert {k: v for k, v in kept.classes.items() if v} == {
+        k: v for k, v in fresh.classes.items() if v
+    }
     classes = {name: c.value for name, c in session.cluster.priority_classes.items()}
     lines, _ = group_lines(snapshot.pending, classes)
     for queue, line in lines.items():
@@ -363,3 +367,24 @@ def test_what_a_session_remembers_across_cycles_changes_no_decision(
             quiet.submit(arrival)
             loud.submit(arrival)
         now += data.draw(st.sampled_from([0.0, 1.0, 600.0]), label="dt")
+
+
+def test_a_gate_answer_is_kept_but_never_for_a_job_in_back_off() -> None:
+    """The gates' answer for a request is kept across cycles (it depends on the
+    configuration alone), except for a job in back-off, whose answer depends on the
+    time: it is tried once its back-off ends, and the same request without one is
+    tried at once."""
+    cluster = ClusterBuilder().pool("a100", nodes=1).leaf("a", quota={"a100": {"gpu": 8}}).build()
+    session = Session(cluster, now=NOW)
+    session.submit(job("late", "a", gpu=4, not_before=NOW + 30))
+    session.submit(job("now", "a", gpu=4, submit=NOW - 30))
+    first = session.cycle(NOW)
+    assert [a.job for a in first.admitted] == ["now"]
+    assert first.waiting["late"].code.value == "backoff"
+    session.submit(job("too-big", "a", gpu=16))
+    second = session.cycle(NOW + 31)
+    assert [a.job for a in second.admitted] == ["late"]
+    assert second.waiting["too-big"].code.value == "no_node_fits"
+    session.submit(job("too-big-again", "a", gpu=16))
+    third = session.cycle(NOW + 32)
+    assert third.waiting["too-big-again"] == second.waiting["too-big"]

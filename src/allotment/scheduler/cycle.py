@@ -60,13 +60,6 @@ MAX_REMEMBERED = 65_536
 verdicts per pool, whether a request borrows), at most."""
 
 
-def asking(queue: str, job: PendingJob) -> tuple[object, ...]:
-    """What decides a try's answer within a cycle: jobs of a queue asking the same
-    (class, shape, pools, runtime bound) fail the same way, as the world only fills up."""
-    bound = job.max_runtime if job.max_runtime is not None else job.expected_runtime
-    return (queue, job.priority_class, job.shape(), job.pools, bound)
-
-
 @dataclass(slots=True)
 class _Cycle:
     state: CycleState
@@ -103,7 +96,7 @@ class _Cycle:
     claimed: dict[tuple[object, ...], frozenset[object]] = field(default_factory=dict)
     failed: dict[tuple[object, ...], tuple[Outcome, Reason | None]] = field(default_factory=dict)
     """Tries that failed this cycle without a reservation, by what decides them
-    (:func:`asking`)."""
+    (:meth:`PendingJob.asks`)."""
 
     def __post_init__(self) -> None:
         self.gates = Gates(self.state)
@@ -222,7 +215,7 @@ class _Cycle:
         if job.not_before is not None:  # a back-off gate is the job's own
             outcome, reason = self._try(job, line)
         else:
-            memo = asking(line.queue.name, job)
+            memo = job.asks()
             known = self.failed.get(memo)
             if known is not None:
                 outcome, reason = known
@@ -245,12 +238,12 @@ class _Cycle:
             return False  # a job ahead still needs a real try
         jobs, answered, failed = line.jobs, self.answered, self.failed
         policy = self.state.policy
-        name, past, i = line.queue.name, line.past_block, line.index
+        past, i = line.past_block, line.index
         tail: list[tuple[int, tuple[Outcome, Reason | None]]] = []
         while i < len(jobs) and past <= policy.backfill_depth:
             job = jobs[i]
             if not answered or job.id not in answered:
-                known = failed.get(asking(name, job)) if job.not_before is None else None
+                known = failed.get(job.asks()) if job.not_before is None else None
                 if known is None:
                     line.unsettled = i
                     return False
@@ -261,12 +254,38 @@ class _Cycle:
             i += 1
         if self.past_block + len(tail) > policy.max_examined_past_block:
             return False
-        for index, (outcome, reason) in tail:
-            line.index = index
-            self._account(line, jobs[index], outcome, reason)
+        if tail:
+            self._account_failed(line, tail)
         if not line.done:
             line.index = i  # looked at to its end (past any answered jobs)
         return True
+
+    def _account_failed(
+        self, line: Line, tail: list[tuple[int, tuple[Outcome, Reason | None]]]
+    ) -> None:
+        """:meth:`_account` for every job of ``tail`` (indexes, known failures) at once:
+        only the last can end the line or pass its depth; the cycle's bound is not hit."""
+        jobs, waiting = line.jobs, self.decisions.waiting
+        for index, (_, reason) in tail:
+            if reason is not None:
+                waiting[jobs[index].id] = reason
+        self.examined += len(tail)
+        last, (outcome, reason) = tail[-1]
+        line.index = last + 1
+        if line.blocker is None:
+            line.blocker, line.blocker_reason = jobs[tail[0][0]], tail[0][1][1]
+        if outcome in line.ends:
+            line.blocker, line.blocker_reason = jobs[last], reason
+            line.done = True
+            counted = len(tail) - 1
+        else:
+            counted = len(tail)
+        line.past_block += counted
+        self.past_block += counted
+        if not line.done and line.past_block > self.state.policy.backfill_depth:
+            line.done = True
+            if line.admitted_past_block:
+                self.truncated = True  # the jobs admitted leave the line: look deeper next
 
     def _account(
         self, line: Line, job: PendingJob, outcome: Outcome, reason: Reason | None

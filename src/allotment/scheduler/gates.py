@@ -49,7 +49,20 @@ class Gates:
         self, job: PendingJob, queue: Queue, open_pools: list[str]
     ) -> tuple[Reason | None, PriorityClass | None, list[str]]:
         """Why the job cannot be tried at all (bad class, back-off, no open pool, too big
-        for the queue or for any node), else its class and the pools to try."""
+        for the queue or for any node), else its class and the pools to try. Without a
+        back-off the answer depends on the configuration alone (the pools open to a queue
+        included): it is kept as long as the nodes are."""
+        if job.not_before is not None:
+            return self._check(job, queue, open_pools)
+        key = ("gate", queue.name, job.priority_class, job.shape(), job.pools)
+        known: tuple[Reason | None, PriorityClass | None, list[str]] | None = self._ever.get(key)
+        if known is None:
+            known = self._ever[key] = self._check(job, queue, open_pools)
+        return known
+
+    def _check(
+        self, job: PendingJob, queue: Queue, open_pools: list[str]
+    ) -> tuple[Reason | None, PriorityClass | None, list[str]]:
         cluster = self.state.cluster
         klass = cluster.priority_classes.get(job.priority_class)
         if klass is None or (

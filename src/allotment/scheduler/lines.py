@@ -141,6 +141,10 @@ class Outcome(Enum):
     CAPACITY = auto()
     """Quota allows it, free capacity does not; it may get a reservation."""
 
+    # Members are singletons: hashing by identity is exact, and far cheaper than Enum's
+    # hash of the name (a cycle tests outcomes against its lines' ends millions of times).
+    __hash__ = object.__hash__
+
 
 @dataclass(slots=True)
 class Line:

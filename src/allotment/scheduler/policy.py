@@ -319,8 +319,9 @@ class Backfill:
         if held >= self.most or state.now - job.submit_time < self.after:
             return None
         total = job.total()
+        named = state.quota.named_pools(queue)
         for pool in pools:
-            if not state.quota.within_nominal(queue, pool, total):
+            if pool not in named or not state.quota.within_nominal(queue, pool, total):
                 continue  # a borrower, whom reclaim may evict at once: hold nothing idle
             check = state.quota.check(queue, pool, total)
             if not check.fits and check.blocking_queue != ROOT:

@@ -21,7 +21,7 @@ nominal it names, and nothing of a pool where it names nothing.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field
 
 from allotment.domain.cluster import Cluster, Queue
@@ -30,6 +30,7 @@ from allotment.domain.resources import to_units
 
 ROOT = ""
 """The virtual root of every pool's tree: the pool's own capacity."""
+_NONE: frozenset[str] = frozenset()
 
 Amounts = dict[str, int]
 
@@ -110,6 +111,9 @@ class QuotaTree:
         self._usage: dict[tuple[str, str], Amounts] = {}
         self._demand: dict[tuple[str, str], Amounts] = {}
         self._guaranteed: dict[tuple[str, str], Amounts] = {}
+        self._named: dict[str, set[str]] = {}
+        """Per queue, the pools where its nominal quota names something (it is within
+        its nominal quota nowhere else)."""
         self._checked: dict[str, dict[tuple[object, ...], QuotaCheck]] = {}
         """Per pool, the answers of :meth:`check` since its usage last changed: a full
         fleet asks the same question of the same queue many times."""
@@ -140,6 +144,8 @@ class QuotaTree:
             nominal = queue.nominal.get(pool)
             named = nominal.as_dict() if nominal is not None else {}
             self._nominal[key] = named
+            if named:
+                self._named.setdefault(name, set()).add(pool)
             self._limit[key] = limit(queue, pool)
             reserved: Amounts = {}
             if pool in lend:
@@ -299,6 +305,11 @@ class QuotaTree:
         if not nominal:
             return any(usage.values())
         return any(usage.get(r, 0) > n for r, n in nominal.items())
+
+    def named_pools(self, queue: str) -> Set[str]:
+        """The pools where ``queue``'s nominal quota names something: the only ones where
+        :meth:`within_nominal` can be true."""
+        return self._named.get(queue, _NONE)
 
     def within_nominal(self, queue: str, pool: str, request: Mapping[str, int]) -> bool:
         """Whether the queue's guaranteed usage (borrow-only jobs excluded) plus

@@ -105,6 +105,7 @@ class PendingJob:
 
     _total: dict[str, int] | None = field(default=None, init=False, repr=False, compare=False)
     _shape: tuple[object, ...] | None = field(default=None, init=False, repr=False, compare=False)
+    _asks: tuple[object, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     def shape(self) -> tuple[object, ...]:
         """A hashable form of the request (replica counts and resources), for caches."""
@@ -113,6 +114,15 @@ class PendingJob:
                 (g.count, tuple(sorted(g.resources.items()))) for g in self.replicas
             )
         return self._shape
+
+    def asks(self) -> tuple[object, ...]:
+        """What decides a try's answer within a cycle (computed once): jobs asking the
+        same -- queue, class, shape, pools, runtime bound -- fail the same way, as the
+        world only fills up during a cycle."""
+        if self._asks is None:
+            bound = self.max_runtime if self.max_runtime is not None else self.expected_runtime
+            self._asks = (self.queue, self.priority_class, self.shape(), self.pools, bound)
+        return self._asks
 
     def total(self) -> dict[str, int]:
         """All replicas together, milli-units (computed once; do not change the result)."""

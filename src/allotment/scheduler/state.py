@@ -77,6 +77,9 @@ class CycleState:
         """Holders per (pool, queue): where victim searches look."""
         self.borrow_only: dict[str, dict[str, Holder]] = {}
         """Holders of borrow-only classes per pool (victims for any queue)."""
+        self.classes: dict[tuple[str, str], dict[str, tuple[PriorityClass, int]]] = {}
+        """Per (pool, queue), the priority classes of its holders there, by name, each
+        with how many hold: whether any of the queue's own jobs could be a victim."""
         self._fresh: list[Holder] = []
         self.changed: dict[str, int] = {}
         """Per pool, how many times its set of running jobs changed between cycles (a
@@ -206,16 +209,34 @@ class CycleState:
         if group is None:
             group = self.by_queue[key] = {}
         group[holder.id] = holder
-        if holder.klass.borrow_only:
+        klass = holder.klass
+        counts = self.classes.get(key)
+        if counts is None:
+            counts = self.classes[key] = {}
+        known = counts.get(klass.name)
+        counts[klass.name] = (klass, 1 if known is None else known[1] + 1)
+        if klass.borrow_only:
             self.borrow_only.setdefault(holder.pool, {})[holder.id] = holder
 
     def _unindex(self, holder: Holder) -> None:
-        del self.by_queue[(holder.pool, holder.queue)][holder.id]
-        if holder.klass.borrow_only:
+        key = (holder.pool, holder.queue)
+        del self.by_queue[key][holder.id]
+        klass = holder.klass
+        counts = self.classes[key]
+        kept, held = counts[klass.name]
+        if held > 1:
+            counts[klass.name] = (kept, held - 1)
+        else:
+            del counts[klass.name]
+        if klass.borrow_only:
             del self.borrow_only[holder.pool][holder.id]
 
     def queue_holders(self, pool: str, queue: str) -> Mapping[str, Holder]:
         return self.by_queue.get((pool, queue), {})
+
+    def queue_classes(self, pool: str, queue: str) -> Iterable[PriorityClass]:
+        """The priority classes of ``queue``'s holders in ``pool``."""
+        return (klass for klass, _ in self.classes.get((pool, queue), {}).values())
 
     def side(self, queue: str, pool: str) -> int | None:
         """Whether ``queue``'s jobs are the pool's own (``OWNER``: the queue is guaranteed

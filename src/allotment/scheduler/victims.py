@@ -76,18 +76,23 @@ def _own(state: CycleState, leaf: Queue, pool: str, job_class: PriorityClass) ->
     mode = leaf.spec.preemption.within_queue
     if mode == "never":
         return []
-    out: list[Candidate] = []
     value, any_mode = job_class.value, mode == "any"
-    for holder in state.queue_holders(pool, leaf.name).values():
-        klass = holder.klass  # the class first: most of a queue's jobs are of its own
+
+    def cause(klass: PriorityClass) -> str | None:
         if klass.borrow_only and not job_class.borrow_only:
-            cause = "borrow_only"
-        elif klass.value < value or (any_mode and klass.value == value):
-            cause = "within_queue"
-        else:
-            continue
-        if _may_be_victim(holder):
-            out.append((holder, cause))
+            return "borrow_only"
+        if klass.value < value or (any_mode and klass.value == value):
+            return "within_queue"
+        return None
+
+    # By class first: most of a queue's jobs are of its own class, which it may not take.
+    if all(cause(klass) is None for klass in state.queue_classes(pool, leaf.name)):
+        return []
+    out: list[Candidate] = []
+    for holder in state.queue_holders(pool, leaf.name).values():
+        found = cause(holder.klass)
+        if found is not None and _may_be_victim(holder):
+            out.append((holder, found))
     return out
 
 
