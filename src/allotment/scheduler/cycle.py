@@ -232,8 +232,9 @@ class _Cycle:
         given to a job asking the same (their tries change nothing), account for them
         all at once and end the line: their place among the other lines' turns changes
         nothing, as no job of this line comes after them. False (nothing done) when one
-        would be tried for real, or when their count could reach the cycle's bound on
-        jobs looked at past a block (where the order of the turns decides who is cut)."""
+        would be tried for real, or when their count would reach the cycle's bound on
+        jobs looked at past a block. (Where other lines reach that bound later in the
+        cycle, which line is cut first may differ from turn-by-turn order.)"""
         if line.index <= line.unsettled:
             return False  # a job ahead still needs a real try
         jobs, answered, failed = line.jobs, self.answered, self.failed
