@@ -388,3 +388,19 @@ def test_a_gate_answer_is_kept_but_never_for_a_job_in_back_off() -> None:
     session.submit(job("too-big-again", "a", gpu=16))
     third = session.cycle(NOW + 32)
     assert third.waiting["too-big-again"] == second.waiting["too-big"]
+
+
+def test_an_invalid_jobs_reason_names_its_own_replica_group() -> None:
+    """Two jobs asking the same invalid shape from replica groups of different names
+    each get a reason naming their own group (gate answers are kept, invalid ones not)."""
+    cluster = ClusterBuilder().pool("a100", nodes=1).leaf("a", quota={"a100": {"gpu": 8}}).build()
+    session = Session(cluster, now=NOW)
+    bad = job("bad-1", "a", gpu=1.5)
+    session.submit(bad)
+    other = replace(
+        job("bad-2", "a", gpu=1.5), replicas=(replace(bad.replicas[0], name="trainer"),)
+    )
+    session.submit(other)
+    decisions = session.cycle(NOW)
+    assert "replica group worker" in decisions.waiting["bad-1"].message
+    assert "replica group trainer" in decisions.waiting["bad-2"].message

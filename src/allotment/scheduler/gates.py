@@ -50,14 +50,17 @@ class Gates:
     ) -> tuple[Reason | None, PriorityClass | None, list[str]]:
         """Why the job cannot be tried at all (bad class, back-off, no open pool, too big
         for the queue or for any node), else its class and the pools to try. Without a
-        back-off the answer depends on the configuration alone (the pools open to a queue
-        included): it is kept as long as the nodes are."""
+        back-off the answer depends on the request and the configuration alone (the pools
+        open to a queue included): it is kept as long as the nodes are, but for an invalid
+        job (whose reason names its replica group)."""
         if job.not_before is not None:
             return self._check(job, queue, open_pools)
         key = ("gate", queue.name, job.priority_class, job.shape(), job.pools)
         known: tuple[Reason | None, PriorityClass | None, list[str]] | None = self._ever.get(key)
         if known is None:
-            known = self._ever[key] = self._check(job, queue, open_pools)
+            known = self._check(job, queue, open_pools)
+            if known[0] is None or known[0].code is not ReasonCode.INVALID:
+                self._ever[key] = known
         return known
 
     def _check(
