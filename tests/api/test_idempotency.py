@@ -155,3 +155,14 @@ def test_an_expired_key_is_replaced_by_its_reuse_and_pruned_by_upkeep(
         row = find(db, "alice", "k", now=later)
         assert row is not None and row.job_ids == ["j-3"]
         assert find(db, "bob", "k", now=100.0) is None
+
+
+def test_a_key_recorded_is_found_in_the_same_transaction(engine: Engine) -> None:  # noqa: F811
+    migrate.upgrade(engine)
+    sessions = session_factory(engine)
+    with sessions.begin() as db:  # a group of requests' writes shares one transaction
+        assert find(db, "alice", "k", now=100.0) is None
+        record(db, "alice", "k", "d", ["j-1"], now=100.0)
+        made = find(db, "alice", "k", now=100.5)
+        assert made is not None and (made.digest, made.job_ids) == ("d", ["j-1"])
+        assert not db.new and not db.identity_map  # no objects: Core statements only

@@ -7,21 +7,48 @@ binds one request: the same key with another body is refused."""
 
 from __future__ import annotations
 
-from sqlalchemy import delete
+from dataclasses import dataclass
+
+from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
-from allotment.store.models import IdempotencyKey
+from allotment.store.models import Base, IdempotencyKey
 
 KEPT_S = 24 * 3600.0
 """How long a key is remembered."""
 
+_KEYS = Base.metadata.tables["idempotency_keys"]
+"""Read and written with Core statements: a submission's key costs two statements and
+never an object in the session."""
 
-def find(session: Session, user: str, key: str, *, now: float) -> IdempotencyKey | None:
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Made:
+    """What a key made: the request's digest and the jobs, and when."""
+
+    user: str
+    key: str
+    digest: str
+    job_ids: list[str]
+    created_at: float
+
+
+def find(session: Session, user: str, key: str, *, now: float) -> Made | None:
     """The submission ``user`` made with ``key`` within :data:`KEPT_S`, if any."""
-    row = session.get(IdempotencyKey, (user, key))
+    row = session.execute(
+        select(_KEYS.c.digest, _KEYS.c.job_ids, _KEYS.c.created_at).where(
+            _KEYS.c.user == user, _KEYS.c.key == key
+        )
+    ).first()
     if row is None or row.created_at < now - KEPT_S:
         return None
-    return row
+    return Made(
+        user=user,
+        key=key,
+        digest=row.digest,
+        job_ids=list(row.job_ids),
+        created_at=float(row.created_at),
+    )
 
 
 def record(
@@ -32,14 +59,14 @@ def record(
     committed first makes this insert fail on the primary key: the caller rolls back
     and reads the winner's answer."""
     session.execute(
-        delete(IdempotencyKey).where(
-            IdempotencyKey.user == user,
-            IdempotencyKey.key == key,
-            IdempotencyKey.created_at < now - KEPT_S,
+        delete(_KEYS).where(
+            _KEYS.c.user == user, _KEYS.c.key == key, _KEYS.c.created_at < now - KEPT_S
         )
     )
-    session.add(IdempotencyKey(user=user, key=key, digest=digest, job_ids=job_ids, created_at=now))
-    session.flush()
+    session.execute(
+        insert(_KEYS),
+        {"user": user, "key": key, "digest": digest, "job_ids": job_ids, "created_at": now},
+    )
 
 
 def prune(session: Session, *, now: float) -> int:
