@@ -73,10 +73,14 @@ def _lock_chain(db: Session) -> None:
         db.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": CHAIN_LOCK_KEY})
     else:
         # A write statement takes SQLite's one write lock, waiting out the busy timeout.
-        db.execute(update(_RECORDS).where(_RECORDS.c.id == -1).values(id=_RECORDS.c.id))
+        db.execute(_TOUCH)
 
 
 _RECORDS = Base.metadata.tables["audit_records"]
+# Built once (a statement built per call costs more than its execution on SQLite).
+_TOUCH = update(_RECORDS).where(_RECORDS.c.id == -1).values(id=_RECORDS.c.id)
+_HEAD_ROW = select(_RECORDS.c.id, _RECORDS.c.hash).order_by(_RECORDS.c.id.desc()).limit(1)
+_INSERT = insert(_RECORDS)
 _HEAD = "allotment_audit_head"
 """Where ``session.info`` keeps the chain's head as this transaction left it."""
 
@@ -91,9 +95,7 @@ def _head(db: Session) -> tuple[int, str] | None:
         head: tuple[int, str] | None = known[1]
         return head
     _lock_chain(db)
-    row = db.execute(
-        select(_RECORDS.c.id, _RECORDS.c.hash).order_by(_RECORDS.c.id.desc()).limit(1)
-    ).first()
+    row = db.execute(_HEAD_ROW).first()
     return None if row is None else (int(row.id), str(row.hash))
 
 
@@ -125,7 +127,7 @@ def append(
         "prev_hash": GENESIS if head is None else head[1],
     }
     fields["hash"] = hashlib.sha256(canonical(fields)).hexdigest()
-    db.execute(insert(_RECORDS), fields)  # Core: cheaper than the unit of work's flush
+    db.execute(_INSERT, fields)  # Core: cheaper than the unit of work's flush
     db.info[_HEAD] = (
         (db.get_transaction(), db.get_nested_transaction()),
         (fields["id"], fields["hash"]),

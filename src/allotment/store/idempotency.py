@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import bindparam, delete, insert, select
 from sqlalchemy.orm import Session
 
 from allotment.store.models import Base, IdempotencyKey
@@ -18,8 +18,17 @@ KEPT_S = 24 * 3600.0
 """How long a key is remembered."""
 
 _KEYS = Base.metadata.tables["idempotency_keys"]
-"""Read and written with Core statements: a submission's key costs two statements and
-never an object in the session."""
+"""Read and written with Core statements, built once: a submission's key costs two
+statements and never an object in the session."""
+_FIND = select(_KEYS.c.digest, _KEYS.c.job_ids, _KEYS.c.created_at).where(
+    _KEYS.c.user == bindparam("p_user"), _KEYS.c.key == bindparam("p_key")
+)
+_FORGET_EXPIRED = delete(_KEYS).where(
+    _KEYS.c.user == bindparam("p_user"),
+    _KEYS.c.key == bindparam("p_key"),
+    _KEYS.c.created_at < bindparam("p_before"),
+)
+_RECORD = insert(_KEYS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,11 +44,7 @@ class Made:
 
 def find(session: Session, user: str, key: str, *, now: float) -> Made | None:
     """The submission ``user`` made with ``key`` within :data:`KEPT_S`, if any."""
-    row = session.execute(
-        select(_KEYS.c.digest, _KEYS.c.job_ids, _KEYS.c.created_at).where(
-            _KEYS.c.user == user, _KEYS.c.key == key
-        )
-    ).first()
+    row = session.execute(_FIND, {"p_user": user, "p_key": key}).first()
     if row is None or row.created_at < now - KEPT_S:
         return None
     return Made(
@@ -58,13 +63,9 @@ def record(
     expired record if there is one. A concurrent submission with the same key that
     committed first makes this insert fail on the primary key: the caller rolls back
     and reads the winner's answer."""
+    session.execute(_FORGET_EXPIRED, {"p_user": user, "p_key": key, "p_before": now - KEPT_S})
     session.execute(
-        delete(_KEYS).where(
-            _KEYS.c.user == user, _KEYS.c.key == key, _KEYS.c.created_at < now - KEPT_S
-        )
-    )
-    session.execute(
-        insert(_KEYS),
+        _RECORD,
         {"user": user, "key": key, "digest": digest, "job_ids": job_ids, "created_at": now},
     )
 

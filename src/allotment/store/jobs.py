@@ -89,7 +89,7 @@ def create_job(
     }
     # Core inserts (the unit of work's flushes cost more than the rows), then the row
     # as an object of the session, as a flush would have left it.
-    session.execute(insert(_JOBS), row)
+    session.execute(_INSERT_JOB, row)
     events = [
         {
             "job_id": row["id"],
@@ -103,7 +103,7 @@ def create_job(
     ]
     if move is not None:
         events.append(_event_row(row["id"], move))
-    session.execute(insert(_EVENTS), events)
+    session.execute(_INSERT_EVENTS, events)
     job = Job(**row, reason_code=None, reason_message=None, reason_detail=None, reason_since=None)
     make_transient_to_detached(job)
     session.add(job)
@@ -268,6 +268,8 @@ def transition_jobs(session: Session, changes: Sequence[StateChange], *, at: flo
 _JOBS = Base.metadata.tables["jobs"]
 _EVENTS = Base.metadata.tables["events"]
 _ATTEMPTS = Base.metadata.tables["attempts"]
+_INSERT_JOB = insert(_JOBS)
+_INSERT_EVENTS = insert(_EVENTS)
 
 
 def _update_rows(
