@@ -229,8 +229,8 @@ class JobService:
 
         def write(session: Session) -> list[schemas.JobOut]:
             now = self.clock()
-            earlier = idempotency.find(session, user, key, now=now) if key else None
-            if earlier is not None:
+            earlier = idempotency.earlier(session, user, key) if key else None
+            if earlier is not None and not earlier.expired(now):
                 if earlier.digest != digest:
                     raise IdempotencyKeyReused(
                         "this Idempotency-Key was sent with another request before; "
@@ -241,7 +241,9 @@ class JobService:
             jobs = store(session)
             if key:
                 ids = [job.id for job in jobs]
-                idempotency.record(session, user, key, digest, ids, now=now)
+                # An expired record is replaced; without one there is nothing to delete.
+                replacing = earlier is not None
+                idempotency.record(session, user, key, digest, ids, now=now, replacing=replacing)
             return [job_out(job) for job in jobs]
 
         for _ in range(3):

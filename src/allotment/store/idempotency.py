@@ -41,11 +41,20 @@ class Made:
     job_ids: list[str]
     created_at: float
 
+    def expired(self, now: float) -> bool:
+        return self.created_at < now - KEPT_S
+
 
 def find(session: Session, user: str, key: str, *, now: float) -> Made | None:
     """The submission ``user`` made with ``key`` within :data:`KEPT_S`, if any."""
+    made = earlier(session, user, key)
+    return None if made is None or made.expired(now) else made
+
+
+def earlier(session: Session, user: str, key: str) -> Made | None:
+    """What ``user`` made with ``key``, expired or not."""
     row = session.execute(_FIND, {"p_user": user, "p_key": key}).first()
-    if row is None or row.created_at < now - KEPT_S:
+    if row is None:
         return None
     return Made(
         user=user,
@@ -57,13 +66,22 @@ def find(session: Session, user: str, key: str, *, now: float) -> Made | None:
 
 
 def record(
-    session: Session, user: str, key: str, digest: str, job_ids: list[str], *, now: float
+    session: Session,
+    user: str,
+    key: str,
+    digest: str,
+    job_ids: list[str],
+    *,
+    now: float,
+    replacing: bool = True,
 ) -> None:
     """Remember what ``key`` made (in the submission's transaction), replacing the key's
-    expired record if there is one. A concurrent submission with the same key that
-    committed first makes this insert fail on the primary key: the caller rolls back
-    and reads the winner's answer."""
-    session.execute(_FORGET_EXPIRED, {"p_user": user, "p_key": key, "p_before": now - KEPT_S})
+    expired record if there is one (``replacing=False``: the caller found none in this
+    transaction). A concurrent submission with the same key that committed first makes
+    this insert fail on the primary key: the caller rolls back and reads the winner's
+    answer."""
+    if replacing:
+        session.execute(_FORGET_EXPIRED, {"p_user": user, "p_key": key, "p_before": now - KEPT_S})
     session.execute(
         _RECORD,
         {"user": user, "key": key, "digest": digest, "job_ids": job_ids, "created_at": now},
