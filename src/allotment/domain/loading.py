@@ -148,10 +148,11 @@ def parse_yaml(text: str, *, source: str | None = None) -> tuple[Any, Lines]:
         )
     # One parse: the composed document is walked for line numbers and bounds, then
     # constructed by the same (safe) loader, as yaml.load would construct it.
-    loader = _FastLoader(text)
+    loader: _FastLoader | None = None
     try:
         try:
             _check_depth(text)
+            loader = _FastLoader(text)
             node = loader.get_single_node()
         except yaml.YAMLError as exc:
             raise _yaml_error(exc, source) from exc
@@ -169,7 +170,8 @@ def parse_yaml(text: str, *, source: str | None = None) -> tuple[Any, Lines]:
         except yaml.YAMLError as exc:  # e.g. an unhashable key, found only on construction
             raise _yaml_error(exc, source) from exc
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return data, lines
 
 
