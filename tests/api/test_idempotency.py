@@ -155,3 +155,35 @@ def test_an_expired_key_is_replaced_by_its_reuse_and_pruned_by_upkeep(
         row = find(db, "alice", "k", now=later)
         assert row is not None and row.job_ids == ["j-3"]
         assert find(db, "bob", "k", now=100.0) is None
+
+
+def test_a_key_recorded_is_found_in_the_same_transaction(engine: Engine) -> None:  # noqa: F811
+    migrate.upgrade(engine)
+    sessions = session_factory(engine)
+    with sessions.begin() as db:  # a group of requests' writes shares one transaction
+        assert find(db, "alice", "k", now=100.0) is None
+        record(db, "alice", "k", "d", ["j-1"], now=100.0)
+        made = find(db, "alice", "k", now=100.5)
+        assert made is not None and (made.digest, made.job_ids) == ("d", ["j-1"])
+        assert not db.new and not db.identity_map  # no objects: Core statements only
+
+
+def test_a_submission_reusing_an_expired_key_makes_a_new_job(engine: Engine) -> None:  # noqa: F811
+    migrate.upgrade(engine)
+    clock = FakeClock()
+    app = create_app(
+        cluster=load_cluster_text(CLUSTER, source="cluster"),
+        store_sessions=session_factory(engine),
+        clock=clock,
+    )
+    with serve(app) as base:
+        first = post(base, "/jobs", {"spec": SPEC}, "k-1")
+        clock.now += 24 * 3600 + 10  # the key expired: it binds no request any more
+        other = post(base, "/jobs", {"spec": SPEC.replace("name: t", "name: u")}, "k-1")
+        again = post(base, "/jobs", {"spec": SPEC.replace("name: t", "name: u")}, "k-1")
+    assert first.status_code == other.status_code == again.status_code == 201
+    assert other.json()["id"] != first.json()["id"]
+    assert again.json()["id"] == other.json()["id"]
+    with session_factory(engine)() as db:
+        made = find(db, "anonymous", "k-1", now=clock.now)
+        assert made is not None and made.job_ids == [other.json()["id"]]

@@ -9,7 +9,16 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from allotment.api.auth import StoreTokens
+from allotment.api.auth import (
+    ANONYMOUS,
+    AdminDigest,
+    FirstOf,
+    Principal,
+    StoreTokens,
+    authenticate,
+    authenticate_now,
+    token_digest,
+)
 from allotment.api.tokens import TokenService
 from allotment.domain.errors import Unauthenticated
 from allotment.domain.loading import load_cluster_text
@@ -84,3 +93,49 @@ def test_revoking_through_the_server_forgets_remembered_tokens_at_once(
     with pytest.raises(Unauthenticated) as caught:
         tokens.authenticate(token)
     assert caught.value.fields["why"] == "revoked"
+
+
+def test_a_remembered_token_is_answered_without_io_and_others_are_not(
+    sessions: sessionmaker[Session],
+) -> None:
+    counted = Counted(sessions)
+    clock = {"mono": 100.0, "wall": 50.0}
+    tokens = StoreTokens(
+        counted,  # type: ignore[arg-type]
+        clock=lambda: clock["wall"],
+        monotonic=lambda: clock["mono"],
+    )
+    admin = AdminDigest(token_digest("allot_admin"), user="root")
+    both = FirstOf([admin, tokens])
+    _, token = issue(sessions, "bob", "vision", "member", expires_at=60.0)
+    assert both.answer_now("allot_admin") == (True, admin.authenticate("allot_admin"))
+    assert both.answer_now(token) == (False, None)  # must read the store
+    assert authenticate_now(both, token) is None and counted.opened == 0
+    bob = authenticate(both, token)
+    assert counted.opened == 1
+    assert both.answer_now(token) == (True, bob)
+    assert authenticate_now(both, token) == bob and counted.opened == 1
+    clock["mono"] += 2.0  # no longer remembered: read again
+    assert authenticate_now(both, token) is None
+    authenticate(both, token)
+    clock["wall"] = 60.0  # expired: never answered from memory
+    assert authenticate_now(both, token) is None
+    tokens.forget()
+    assert both.answer_now(token) == (False, None)
+
+
+def test_what_needs_no_authenticator_or_no_token_is_answered_at_once() -> None:
+    assert authenticate_now(None, None) is ANONYMOUS
+    with pytest.raises(Unauthenticated) as caught:
+        authenticate_now(AdminDigest(token_digest("allot_a"), user="root"), None)
+    assert caught.value.fields["why"] == "missing"
+    with pytest.raises(Unauthenticated) as caught:
+        authenticate_now(AdminDigest(token_digest("allot_a"), user="root"), "allot_b")
+    assert caught.value.fields["why"] == "invalid"
+
+    class Plain:  # an authenticator without answer_now: always asked in a worker
+        def authenticate(self, token: str) -> Principal | None:
+            return None
+
+    assert authenticate_now(Plain(), "allot_a") is None
+    assert authenticate_now(FirstOf([Plain()]), "allot_a") is None

@@ -740,3 +740,22 @@ def test_environment_names_are_what_a_shell_accepts(name: str) -> None:
     with pytest.raises(ConfigError) as caught:
         load_job_text(f"name: j\nqueue: q\nreplicas: [{{count: 1}}]\nenv: {{{name!r}: x}}\n")
     assert caught.value.issues[0].path.startswith("env")
+
+
+def test_json_job_issue_has_its_line_found_only_for_the_issue() -> None:
+    ok = (
+        '{\n  "name": "a",\n  "queue": "q",\n  "command": ["true"],\n'
+        '  "replicas": [{"name": "w"}]\n}'
+    )
+    assert load_job_text(ok).name == "a"
+    bad = ok.replace('"command"', '"comand"')
+    with pytest.raises(ConfigError) as err:
+        load_job_text(bad, source="spec")
+    (issue,) = [i for i in err.value.issues if i.path == "comand"]
+    assert issue.line == 4
+
+
+def test_yaml_construction_error_is_reported_after_one_parse() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_yaml("a: 1\n? [x, y]\n: 2\n")
+    assert "not valid YAML" in err.value.issues[0].message

@@ -142,3 +142,50 @@ def test_concurrent_appends_never_fork(sessions: sessionmaker[Session]) -> None:
         verdict = audit.verify(db)
     assert ids == list(range(1, 41))
     assert verdict.first_bad is None and verdict.checked == 40
+
+
+def _one(db: Session, i: int) -> AuditRecord:
+    return audit.append(
+        db,
+        at=float(i),
+        user="ada",
+        tenant=None,
+        action="a",
+        object=f"o{i}",
+        source="s",
+        result="ok",
+    )
+
+
+def test_appends_in_one_transaction_chain_and_a_new_transaction_reads_the_head(
+    sessions: sessionmaker[Session],
+) -> None:
+    with sessions.begin() as db:  # a group of requests' writes: the head is read once
+        records = [_one(db, i) for i in range(3)]
+        assert [r.id for r in records] == [1, 2, 3]
+        assert records[0] in db and records[0].hash == audit.record_hash(records[0])
+    db = sessions()
+    with db.begin():
+        _one(db, 3)
+    with sessions.begin() as other:  # another session moves the head meanwhile
+        _one(other, 4)
+    with db.begin():  # the same session, a new transaction: its head is read again
+        assert _one(db, 5).id == 6
+    db.close()
+    assert check(sessions) is None
+    with sessions() as reader:
+        assert audit.verify(reader).checked == 6
+
+
+def test_a_rolled_back_savepoint_forgets_the_head_it_wrote(
+    sessions: sessionmaker[Session],
+) -> None:
+    with sessions.begin() as db:
+        _one(db, 0)
+        nested = db.begin_nested()
+        _one(db, 1)
+        nested.rollback()
+        assert _one(db, 2).id == 2
+    with sessions() as reader:
+        verdict = audit.verify(reader)
+    assert verdict.first_bad is None and verdict.checked == 2

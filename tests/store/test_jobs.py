@@ -22,7 +22,7 @@ from allotment.store.jobs import (
     requeue_job,
     transition_job,
 )
-from allotment.store.models import Event
+from allotment.store.models import Event, Job
 from allotment.store.views import last_event_id
 
 S = JobState
@@ -66,6 +66,28 @@ def test_create_writes_submitted_and_its_event(sessions: sessionmaker[Session]) 
         events = events_for(session, "j-000001")
         assert [(e.kind, e.from_state, e.to_state, e.at) for e in events] == [
             ("transition", None, "submitted", T0)
+        ]
+
+
+def test_created_job_is_the_sessions_row_and_can_move_in_the_same_transaction(
+    sessions: sessionmaker[Session],
+) -> None:
+    with sessions.begin() as session:
+        job = create_job(
+            session, spec(), tenant="acme", user="ada", at=T0, job_id="j-1", accepted="ok"
+        )
+        assert job in session and job not in session.dirty
+        assert session.get(Job, "j-1") is job
+        assert (job.state, job.reason_code, job.reason_detail) == ("pending", None, None)
+        transition_job(session, "j-1", S.CANCELLED, at=T0 + 1, message="bye", job=job)
+    with sessions() as session:
+        assert get_job(session, "j-1").state == "cancelled"
+        reason_detail = session.scalar(select(Job.reason_detail).where(Job.id == "j-1"))
+        assert reason_detail is None
+        assert [e.to_state for e in events_for(session, "j-1")] == [
+            "submitted",
+            "pending",
+            "cancelled",
         ]
 
 

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
+from starlette.concurrency import run_in_threadpool
 
-from allotment.api.auth import Authenticator, Principal, authenticate
+from allotment.api.auth import Authenticator, Principal, authenticate, authenticate_now
 from allotment.api.gate import presented_token
 from allotment.api.policy import Action, require
 from allotment.api.service import JobService
@@ -24,13 +25,18 @@ from allotment.api.services import Services
 from allotment.api.tokens import TokenService
 
 
-def principal(request: Request) -> Principal:
-    """Who the request speaks for; raises ``Unauthenticated`` (401) saying why not."""
+async def principal(request: Request) -> Principal:
+    """Who the request speaks for; raises ``Unauthenticated`` (401) saying why not. On
+    the event loop when the authenticator answers without I/O (see
+    :func:`~allotment.api.auth.authenticate_now`), else in a worker thread."""
     known = getattr(request.state, "principal", None)
     if isinstance(known, Principal):
         return known
     authenticator: Authenticator | None = getattr(request.app.state, "authenticator", None)
-    found = authenticate(authenticator, presented_token(request.scope))
+    token = presented_token(request.scope)
+    found = authenticate_now(authenticator, token)
+    if found is None:
+        found = await run_in_threadpool(authenticate, authenticator, token)
     request.state.principal = found
     return found
 
@@ -38,19 +44,19 @@ def principal(request: Request) -> Principal:
 CurrentPrincipal = Annotated[Principal, Depends(principal)]
 
 
-def service(request: Request) -> JobService:
+async def service(request: Request) -> JobService:
     svc = request.app.state.service
     assert isinstance(svc, JobService)
     return svc
 
 
-def token_service(request: Request) -> TokenService:
+async def token_service(request: Request) -> TokenService:
     svc = request.app.state.tokens
     assert isinstance(svc, TokenService)
     return svc
 
 
-def services(request: Request) -> Services:
+async def services(request: Request) -> Services:
     found = request.app.state.services
     assert isinstance(found, Services)
     return found

@@ -229,8 +229,8 @@ class JobService:
 
         def write(session: Session) -> list[schemas.JobOut]:
             now = self.clock()
-            earlier = idempotency.find(session, user, key, now=now) if key else None
-            if earlier is not None:
+            earlier = idempotency.earlier(session, user, key) if key else None
+            if earlier is not None and not earlier.expired(now):
                 if earlier.digest != digest:
                     raise IdempotencyKeyReused(
                         "this Idempotency-Key was sent with another request before; "
@@ -241,7 +241,9 @@ class JobService:
             jobs = store(session)
             if key:
                 ids = [job.id for job in jobs]
-                idempotency.record(session, user, key, digest, ids, now=now)
+                # An expired record is replaced; without one there is nothing to delete.
+                replacing = earlier is not None
+                idempotency.record(session, user, key, digest, ids, now=now, replacing=replacing)
             return [job_out(job) for job in jobs]
 
         for _ in range(3):
@@ -263,17 +265,18 @@ class JobService:
         (``may_submit`` raises when it may not use the job's queue). Raises
         :class:`ConfigError` naming key and line, or the refusal."""
         spec = load_job_text(spec_text, source=source)
-        if may_submit is not None and spec.queue in self.cluster.queues:
-            may_submit(self.cluster.queues[spec.queue])
-        issues: list[Issue] = check_job(spec, self.cluster, usable=_usable_by(may_submit))
+        cluster = self.cluster  # one cluster for the whole check
+        if may_submit is not None and spec.queue in cluster.queues:
+            may_submit(cluster.queues[spec.queue])
+        issues: list[Issue] = check_job(spec, cluster, usable=_usable_by(may_submit))
         if issues:
             raise ConfigError(issues, source=source)
-        queue = self.cluster.queues[spec.queue]
+        queue = cluster.queues[spec.queue]
         tenant = queue.tenant or DEFAULT_TENANT
-        check_data_scopes(spec, self.cluster, tenant)
-        check_execution(spec, self.cluster, queue, tenant, source=source)
-        self._check_fits(spec, queue, source)
-        priority = self.cluster.priority_class_for(queue, spec.priority_class)
+        check_data_scopes(spec, cluster, tenant)
+        check_execution(spec, cluster, queue, tenant, source=source)
+        self._check_fits(spec, cluster, queue, source)
+        priority = cluster.priority_class_for(queue, spec.priority_class)
         assert priority is not None  # check_job reported otherwise
         return spec, queue, priority
 
@@ -305,10 +308,9 @@ class JobService:
             raise ConfigError([Issue(path=path, message=message)], source=source)
         return checked
 
-    def _check_fits(self, spec: JobSpec, queue: Queue, source: str) -> None:
+    def _check_fits(self, spec: JobSpec, cluster: Cluster, queue: Queue, source: str) -> None:
         """Refuse a job that could never run: its replicas do not all fit at once on the
         nodes of any pool it may use, even with every node empty."""
-        cluster = self.cluster
         fleet = self._fleet
         if fleet is None or fleet.cluster is not cluster:
             fleet = self._fleet = FleetFit(cluster)

@@ -146,24 +146,32 @@ def parse_yaml(text: str, *, source: str | None = None) -> tuple[Any, Lines]:
             [Issue(path="", message=f"file larger than {MAX_BYTES // 1024 // 1024} MiB")],
             source=source,
         )
+    # One parse: the composed document is walked for line numbers and bounds, then
+    # constructed by the same (safe) loader, as yaml.load would construct it.
+    loader: _FastLoader | None = None
     try:
-        _check_depth(text)
-        node = yaml.compose(text, Loader=_FastLoader)
-    except yaml.YAMLError as exc:
-        raise _yaml_error(exc, source) from exc
-    except ConfigError as exc:
-        raise ConfigError(exc.issues, source=source) from None
-    lines: Lines = {}
-    if node is None:
-        return None, lines
-    try:
-        _walk(node, (), lines, 0, [0])
-    except ConfigError as exc:
-        raise ConfigError(exc.issues, source=source) from None
-    try:
-        data = yaml.load(text, Loader=_FastLoader)  # safe: CSafeLoader or SafeLoader
-    except yaml.YAMLError as exc:  # e.g. an unhashable key, found only on construction
-        raise _yaml_error(exc, source) from exc
+        try:
+            _check_depth(text)
+            loader = _FastLoader(text)
+            node = loader.get_single_node()
+        except yaml.YAMLError as exc:
+            raise _yaml_error(exc, source) from exc
+        except ConfigError as exc:
+            raise ConfigError(exc.issues, source=source) from None
+        lines: Lines = {}
+        if node is None:
+            return None, lines
+        try:
+            _walk(node, (), lines, 0, [0])
+        except ConfigError as exc:
+            raise ConfigError(exc.issues, source=source) from None
+        try:
+            data = loader.construct_document(node)
+        except yaml.YAMLError as exc:  # e.g. an unhashable key, found only on construction
+            raise _yaml_error(exc, source) from exc
+    finally:
+        if loader is not None:
+            loader.dispose()
     return data, lines
 
 
@@ -237,9 +245,14 @@ def _issues_from(model: type[BaseModel], exc: ValidationError, lines: Lines) -> 
 
 
 def validate_model(
-    model: type[_M], data: Any, *, lines: Lines | None = None, source: str | None = None
+    model: type[_M],
+    data: Any,
+    *,
+    lines: Lines | Callable[[], Lines] | None = None,
+    source: str | None = None,
 ) -> _M:
-    """Validate ``data`` against ``model``; raise :class:`ConfigError` with every issue."""
+    """Validate ``data`` against ``model``; raise :class:`ConfigError` with every issue.
+    ``lines`` (or what calling it gives, only when there are issues) places them."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -250,7 +263,8 @@ def validate_model(
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_issues_from(model, exc, lines or {}), source=source) from exc
+        found = lines() if callable(lines) else lines
+        raise ConfigError(_issues_from(model, exc, found or {}), source=source) from exc
 
 
 def _read(path: str | Path) -> str:
@@ -360,6 +374,13 @@ def _json_lines(text: str) -> Lines:
 def parse_spec(text: str, *, source: str | None = None) -> tuple[Any, Lines]:
     """A spec's text as data: a JSON object when the text is one (``json.dumps`` output,
     escaped emoji included), else YAML (:func:`parse_yaml`, with line numbers)."""
+    data, lines = _spec_data(text, source)
+    return data, lines()
+
+
+def _spec_data(text: str, source: str | None) -> tuple[Any, Callable[[], Lines]]:
+    """:func:`parse_spec`, with the line numbers as a function: a JSON spec's are
+    found (by reading it again as YAML) only when asked, for its issues."""
     if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
         raise ConfigError(
             [Issue(path="", message=f"file larger than {MAX_BYTES // 1024 // 1024} MiB")],
@@ -367,19 +388,20 @@ def parse_spec(text: str, *, source: str | None = None) -> tuple[Any, Lines]:
         )
     data = _json_object(text)
     if data is None:
-        return parse_yaml(text, source=source)
+        data, lines = parse_yaml(text, source=source)
+        return data, lambda: lines
     try:
         _check_json(data, (), 0, [0])
     except ConfigError as exc:
         raise ConfigError(exc.issues, source=source) from None
-    return data, _json_lines(text)
+    return data, lambda: _json_lines(text)
 
 
 def load_job_text(text: str, *, source: str | None = None) -> JobSpec:
     """Parse ``job.yaml`` text (YAML, or a JSON object) into a :class:`JobSpec` (shape
     only; the queue, pools and priority class are checked against a cluster by
     :func:`check_job`)."""
-    data, lines = parse_spec(text, source=source)
+    data, lines = _spec_data(text, source)
     return validate_model(JobSpec, data, lines=lines, source=source)
 
 
@@ -396,14 +418,15 @@ def check_job(
     priority class or pools. Empty when acceptable."""
     issues: list[Issue] = []
     queue = cluster.queues.get(job.queue)
-    leaves = sorted(q.name for q in cluster.leaves if usable is None or usable(q))
+
+    def leaves() -> str:  # only for an issue: it asks ``usable`` about every leaf
+        return ", ".join(sorted(q.name for q in cluster.leaves if usable is None or usable(q)))
+
     if queue is None:
         issues.append(
             Issue(
                 path="queue",
-                message=(
-                    f"unknown queue {job.queue!r}; queues you can submit to: {', '.join(leaves)}"
-                ),
+                message=(f"unknown queue {job.queue!r}; queues you can submit to: {leaves()}"),
             )
         )
         return issues
@@ -411,7 +434,7 @@ def check_job(
         issues.append(
             Issue(
                 path="queue",
-                message=(f"{job.queue!r} has child queues; submit to a leaf: {', '.join(leaves)}"),
+                message=(f"{job.queue!r} has child queues; submit to a leaf: {leaves()}"),
             )
         )
     if cluster.priority_class_for(queue, job.priority_class) is None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Table, and_, bindparam, insert, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, make_transient_to_detached
 from sqlalchemy.orm.util import identity_key
 
 from allotment.domain.errors import AlreadyEnded, NotFound
@@ -70,40 +70,43 @@ def create_job(
     move = None
     if accepted is not None:
         move = transition(JobState.SUBMITTED, JobState.PENDING, at=at, reason=accepted)
-    job = Job(
-        id=job_id or new_job_id(),
-        name=spec.name,
-        tenant=tenant,
-        queue=spec.queue,
-        user=user,
-        type=spec.type.value,
-        priority_class=resolved,
-        spec=spec.model_dump(mode="json"),
-        state=(move.target if move is not None else JobState.SUBMITTED).value,
-        failure_class=None,
-        attempt=0,
-        submit_time=at,
-        not_before=not_before,
-        created_at=at,
-        updated_at=at,
-    )
-    session.add(job)
-    session.flush()  # the events' foreign key needs the job row first
+    row: dict[str, Any] = {
+        "id": job_id or new_job_id(),
+        "name": spec.name,
+        "tenant": tenant,
+        "queue": spec.queue,
+        "user": user,
+        "type": spec.type.value,
+        "priority_class": resolved,
+        "spec": spec.model_dump(mode="json"),
+        "state": (move.target if move is not None else JobState.SUBMITTED).value,
+        "failure_class": None,
+        "attempt": 0,
+        "submit_time": at,
+        "not_before": not_before,
+        "created_at": at,
+        "updated_at": at,
+    }
+    # Core inserts (the unit of work's flushes cost more than the rows), then the row
+    # as an object of the session, as a flush would have left it.
+    session.execute(_INSERT_JOB, row)
     events = [
-        Event(
-            job_id=job.id,
-            at=at,
-            kind=TRANSITION,
-            from_state=None,
-            to_state=JobState.SUBMITTED.value,
-            message="submitted",
-            detail={},
-        )
+        {
+            "job_id": row["id"],
+            "at": at,
+            "kind": TRANSITION,
+            "from_state": None,
+            "to_state": JobState.SUBMITTED.value,
+            "message": "submitted",
+            "detail": {},
+        }
     ]
     if move is not None:
-        events.append(_event(job.id, move))
-    session.add_all(events)
-    session.flush()
+        events.append(_event_row(row["id"], move))
+    session.execute(_INSERT_EVENTS, events)
+    job = Job(**row, reason_code=None, reason_message=None, reason_detail=None, reason_since=None)
+    make_transient_to_detached(job)
+    session.add(job)
     return job
 
 
@@ -265,6 +268,8 @@ def transition_jobs(session: Session, changes: Sequence[StateChange], *, at: flo
 _JOBS = Base.metadata.tables["jobs"]
 _EVENTS = Base.metadata.tables["events"]
 _ATTEMPTS = Base.metadata.tables["attempts"]
+_INSERT_JOB = insert(_JOBS)
+_INSERT_EVENTS = insert(_EVENTS)
 
 
 def _update_rows(
