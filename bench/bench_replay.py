@@ -2,8 +2,9 @@
 
 Replays a trace (by default the Philly window) compressed to each load (``--loads 8 16``:
 submit times multiplied by 1/8 and 1/16) under each preset, one after the other on one
-core, and prints per replay its wall and CPU seconds, the scheduler's share of them, the
-cycles run, the average wait and JCT, and whether it is within ``--target-s`` (60 s)::
+core, each in a fresh process, and prints per replay its wall and CPU seconds, the
+scheduler's share of them, the cycles run, the average wait and JCT, and whether it is
+within ``--target-s`` (60 s)::
 
     PYTHONPATH=src:. python bench/bench_replay.py                       # 8x and 16x, all presets
     PYTHONPATH=src:. python bench/bench_replay.py --loads 8 --presets default borrowing
@@ -19,6 +20,8 @@ import argparse
 import gc
 import json
 import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +37,17 @@ PHILLY = Path(__file__).resolve().parent.parent / "traces" / "philly_helios_wind
 PRESETS = ("fifo-isolated", "backfill", "borrowing", "fair-share", "default")
 
 
-def load(trace: Path, cluster_file: Path | None) -> tuple[Cluster, list[TraceJob]]:
-    """The trace's jobs and the cluster to replay them on (its node file's, or ``-f``)."""
+def load(trace: Path, cluster_file: Path | None, first: int = 0) -> tuple[Cluster, list[TraceJob]]:
+    """The trace's jobs (the ``first`` submitted only, when not 0) and the cluster to
+    replay them on (its node file's, or ``-f``)."""
     given = None if cluster_file is None else load_cluster(cluster_file)
     loaded = load_trace(trace, build_cluster=given is None)
     cluster = given if given is not None else loaded.cluster
     if cluster is None:
         raise SystemExit(f"{trace}: no cluster; give one with -f")
     jobs = list(loaded.jobs)
+    if first:
+        jobs = sorted(jobs, key=lambda j: j.submit_time)[:first]
     check_trace(jobs, cluster, source=str(trace))
     return cluster, jobs
 
@@ -59,6 +65,22 @@ def replay_once(
     return summary
 
 
+def replay_fresh(
+    trace: Path, cluster_file: Path | None, first: int, preset: str, load_factor: float
+) -> dict[str, Any]:
+    """:func:`replay_once` in a process of its own, as ``allot sim`` runs one (a replay
+    after others in the same process runs slower: its memory is no longer fresh)."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+        return pool.submit(_in_child, trace, cluster_file, first, preset, load_factor).result()
+
+
+def _in_child(
+    trace: Path, cluster_file: Path | None, first: int, preset: str, load_factor: float
+) -> dict[str, Any]:
+    cluster, jobs = load(trace, cluster_file, first)
+    return replay_once(cluster, jobs, preset, load_factor)
+
+
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", type=Path, default=PHILLY)
@@ -73,9 +95,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parser.parse_args(argv)
     if any(f <= 0 for f in args.loads):
         parser.error("--loads must be positive")
-    cluster, jobs = load(args.trace, args.cluster)
-    if args.first:
-        jobs = sorted(jobs, key=lambda j: j.submit_time)[: args.first]
+    load(args.trace, args.cluster, args.first)  # a bad trace or cluster fails here, once
     rows: list[dict[str, Any]] = []
     if not args.json:
         print(
@@ -84,7 +104,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         )
     for factor in args.loads:
         for preset in args.presets:
-            row = replay_once(cluster, jobs, preset, factor)
+            row = replay_fresh(args.trace, args.cluster, args.first, preset, factor)
             rows.append(row)
             if not args.json:
                 met = "met" if row["wall_s"] <= args.target_s else "NOT met"
