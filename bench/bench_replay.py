@@ -68,8 +68,8 @@ def replay_once(
 def replay_fresh(
     trace: Path, cluster_file: Path | None, first: int, preset: str, load_factor: float
 ) -> dict[str, Any]:
-    """:func:`replay_once` in a process of its own, as ``allot sim`` runs one (a replay
-    after others in the same process runs slower: its memory is no longer fresh)."""
+    """:func:`replay_once` in a process of its own, as ``allot sim`` runs one (no replay
+    runs on the memory another left behind)."""
     with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
         return pool.submit(_in_child, trace, cluster_file, first, preset, load_factor).result()
 
