@@ -95,6 +95,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parser.parse_args(argv)
     if any(f <= 0 for f in args.loads):
         parser.error("--loads must be positive")
+    for preset in args.presets:
+        try:
+            parse_policy(preset)
+        except ValueError as exc:
+            parser.error(str(exc))
     load(args.trace, args.cluster, args.first)  # a bad trace or cluster fails here, once
     rows: list[dict[str, Any]] = []
     if not args.json:

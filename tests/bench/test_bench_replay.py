@@ -26,6 +26,9 @@ def test_every_preset_at_every_load_gets_a_row(capsys: pytest.CaptureFixture[str
     assert len(printed) == 5 and all("target" in line or "met" in line for line in printed)
 
 
-def test_a_load_must_be_positive() -> None:
+def test_a_load_must_be_positive_and_a_preset_known(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--loads", "0"])
+    with pytest.raises(SystemExit):
+        main(["--presets", "nope"])
+    assert "nope" in capsys.readouterr().err
