@@ -100,7 +100,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             parse_policy(preset)
         except ValueError as exc:
             parser.error(str(exc))
-    load(args.trace, args.cluster, args.first)  # a bad trace or cluster fails here, once
+    try:
+        load(args.trace, args.cluster, args.first)  # a bad trace or cluster fails here, once
+    except (ValueError, OSError) as exc:
+        parser.error(str(exc))
     rows: list[dict[str, Any]] = []
     if not args.json:
         print(

@@ -32,3 +32,6 @@ def test_a_load_must_be_positive_and_a_preset_known(capsys: pytest.CaptureFixtur
     with pytest.raises(SystemExit):
         main(["--presets", "nope"])
     assert "nope" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--trace", "no-such-trace.csv"])
+    assert "no-such-trace.csv" in capsys.readouterr().err
