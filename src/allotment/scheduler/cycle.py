@@ -276,17 +276,11 @@ class _Cycle:
         if line.blocker is None:
             line.blocker, line.blocker_reason = jobs[tail[0][0]], tail[0][1][1]
         if outcome in line.ends:
+            self._waited(line, len(tail) - 1)
             line.blocker, line.blocker_reason = jobs[last], reason
             line.done = True
-            counted = len(tail) - 1
         else:
-            counted = len(tail)
-        line.past_block += counted
-        self.past_block += counted
-        if not line.done and line.past_block > self.state.policy.backfill_depth:
-            line.done = True
-            if line.admitted_past_block:
-                self.truncated = True  # the jobs admitted leave the line: look deeper next
+            self._waited(line, len(tail))
 
     def _account(
         self, line: Line, job: PendingJob, outcome: Outcome, reason: Reason | None
@@ -313,16 +307,22 @@ class _Cycle:
         elif outcome is not Outcome.ADMITTED:
             if line.blocker is None:
                 line.blocker, line.blocker_reason = job, reason
-            line.past_block += 1
-            self.past_block += 1
-            if line.past_block > self.state.policy.backfill_depth:
-                line.done = True
-                if line.admitted_past_block:
-                    # The jobs admitted leave the line: the next cycle looks deeper.
-                    self.truncated = True
-            elif self.past_block > self.state.policy.max_examined_past_block:
-                line.done = True
+            self._waited(line, 1)
+
+    def _waited(self, line: Line, count: int) -> None:
+        """``count`` more jobs of ``line`` wait past its block: past its depth the line
+        ends (when jobs were admitted past the block, the next cycle looks deeper), and
+        past the bound on such jobs across all queues the cycle stops short."""
+        line.past_block += count
+        self.past_block += count
+        policy = self.state.policy
+        if line.past_block > policy.backfill_depth:
+            line.done = True
+            if line.admitted_past_block:
                 self.truncated = True
+        elif self.past_block > policy.max_examined_past_block:
+            line.done = True
+            self.truncated = True
 
     def _skip_answered(self, line: Line) -> bool:
         """Move past jobs answered in phase 3; whether a job is left to try."""
