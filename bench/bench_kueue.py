@@ -41,7 +41,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,6 +112,9 @@ class Config:
     """Burst: clients send an API token from the store (authenticated per request, as
     ``allot up`` does) instead of running without authentication."""
     timeout_s: float = 1_800.0
+    loop_process: bool = False
+    """Drain: the control loop runs in a process of its own on the same store (polling
+    every ``tick_s``; the API does not wake it), instead of a thread of the API's."""
 
     @property
     def queues(self) -> list[str]:
@@ -474,43 +477,96 @@ TERMINAL = {
 }
 
 
+def _timed_loop(cluster: Cluster, sessions: sessionmaker[Session], work: Path) -> ControlLoop:
+    return ControlLoop(
+        cluster, sessions, TimedExecutor(clock=time.time), work_root=work, clock=time.time
+    )
+
+
+@dataclass
+class LoopTally:
+    """What a runner reports of its turns (a thread's, or a loop process's)."""
+
+    turns: int = 0
+    failures: int = 0
+    last_error: str | None = None
+
+
+def _loop_process(url: str, config: Config, work: str, stop: Any, out: Any) -> None:
+    """A loop process: the control loop on the store at ``url`` until ``stop`` is set;
+    puts its :class:`LoopTally` on ``out``."""
+    engine = make_engine(url)
+    try:
+        cluster = load_cluster_text(cluster_yaml(config), source="bench")
+        runner = LoopRunner(
+            _timed_loop(cluster, session_factory(engine), Path(work)), tick_s=config.tick_s
+        )
+        runner.start()
+        stop.wait()
+        runner.stop()
+        out.put(LoopTally(runner.turns, runner.failures, runner.last_error))
+    finally:
+        engine.dispose()
+
+
+@contextmanager
+def _loop_elsewhere(config: Config, url: str, work: Path) -> Iterator[LoopTally]:
+    """The loop in a process of its own while the block runs; the tally is filled after."""
+    ctx = multiprocessing.get_context("spawn")
+    stop, out = ctx.Event(), ctx.Queue()
+    proc = ctx.Process(target=_loop_process, args=(url, config, str(work), stop, out))
+    proc.start()
+    tally = LoopTally()
+    try:
+        yield tally
+    finally:
+        stop.set()
+        try:
+            found = out.get(timeout=60)
+            tally.turns, tally.failures, tally.last_error = (
+                found.turns,
+                found.failures,
+                found.last_error,
+            )
+        finally:
+            proc.join(timeout=30)
+
+
 def run_drain(config: Config, *, profile: cProfile.Profile | None = None) -> DrainResult:
     """Submit every job on its schedule through the API and wait until all have ended."""
     cluster: Cluster = load_cluster_text(cluster_yaml(config), source="bench")
     schedule = arrivals(config)
-    with store(config.db_url) as (sessions, tmp):
-        loop = ControlLoop(
-            cluster,
-            sessions,
-            TimedExecutor(clock=time.time),
-            work_root=tmp / "work",
-            clock=time.time,
-        )
-        runner = (
-            LoopRunner(loop, tick_s=config.tick_s)
-            if profile is None
-            else ProfiledRunner(loop, profile, tick_s=config.tick_s)
-        )
+    with store(config.db_url) as (sessions, tmp), ExitStack() as stack:
+        runner: LoopRunner | LoopTally
+        if config.loop_process:
+            db_url = config.db_url or f"sqlite:///{tmp / 'allotment.db'}"
+            runner = stack.enter_context(_loop_elsewhere(config, db_url, tmp / "work"))
+        else:
+            loop = _timed_loop(cluster, sessions, tmp / "work")
+            runner = (
+                LoopRunner(loop, tick_s=config.tick_s)
+                if profile is None
+                else ProfiledRunner(loop, profile, tick_s=config.tick_s)
+            )
+            runner.start()
+            stack.callback(runner.stop)
         app = create_app(cluster=cluster, store_sessions=sessions, clock=time.time)
         with serve(app) as url:
-            runner.start()
-            try:
-                submitted, errors, _ = submit_all(
-                    url,
-                    [(a.offset_s, a.text) for a in schedule],
-                    procs=config.client_procs,
-                    threads=config.clients,
-                    batch=config.batch,
-                )
-                deadline = time.monotonic() + config.timeout_s
-                while True:
-                    states = _finished(sessions)
-                    done = sum(n for s, n in states.items() if s in TERMINAL)
-                    if done >= submitted or time.monotonic() > deadline:
-                        break
-                    time.sleep(0.1)
-            finally:
-                runner.stop()
+            submitted, errors, _ = submit_all(
+                url,
+                [(a.offset_s, a.text) for a in schedule],
+                procs=config.client_procs,
+                threads=config.clients,
+                batch=config.batch,
+            )
+            deadline = time.monotonic() + config.timeout_s
+            while True:
+                states = _finished(sessions)
+                done = sum(n for s, n in states.items() if s in TERMINAL)
+                if done >= submitted or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+        stack.close()  # the loop stops (its tally is in) before the figures are read
         return _drain_result(config, sessions, states, submitted, runner, errors)
 
 
@@ -519,7 +575,7 @@ def _drain_result(
     sessions: sessionmaker[Session],
     states: dict[str, int],
     submitted: int,
-    runner: LoopRunner,
+    runner: LoopRunner | LoopTally,
     errors: list[str],
 ) -> DrainResult:
     with sessions() as db:
@@ -642,7 +698,8 @@ def report_drain(r: DrainResult, out: Callable[[str], None] = print) -> None:
     out(
         f"drain: {c.cohorts} cohorts x {c.queues_per_cohort} queues, {r.jobs} jobs, "
         f"capacity {c.capacity}, work bound {c.work_bound_s:.1f} s, {c.clients} clients "
-        f"in {c.client_procs or 'the server'} process(es), batch {c.batch}, tick {c.tick_s} s"
+        f"in {c.client_procs or 'the server'} process(es), batch {c.batch}, tick {c.tick_s} s, "
+        f"loop in {'a process of its own' if c.loop_process else 'a thread of the API'}"
     )
     out(f"  submitted {r.submitted}, states {dict(sorted(r.states.items()))}")
     out(f"  submissions spanned {r.submit_span_s:.1f} s")
@@ -681,6 +738,11 @@ def main(argv: list[str] | None = None) -> int:
         "--batch", type=int, default=1, help="jobs per request (>1: POST /jobs:batch)"
     )
     parser.add_argument("--tick", type=float, default=0.02, help="runner tick, seconds")
+    parser.add_argument(
+        "--loop-process",
+        action="store_true",
+        help="drain: run the control loop in a process of its own on the same store",
+    )
     parser.add_argument("--node-gpus", type=int, default=120)
     parser.add_argument("--db", default=None, help="database URL (default: temporary SQLite)")
     parser.add_argument(
@@ -708,6 +770,7 @@ def main(argv: list[str] | None = None) -> int:
         node_gpus=args.node_gpus,
         db_url=args.db,
         tokens=args.tokens,
+        loop_process=args.loop_process,
     )
     share = 0.1 if args.quick else args.share
     if share != 1.0:

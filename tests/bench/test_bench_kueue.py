@@ -66,3 +66,11 @@ def test_drain_in_batches_runs_every_job_to_success() -> None:
     result = run_drain(replace(TINY, batch=4))
     assert result.errors == []
     assert result.states == {"succeeded": TINY.jobs}
+
+
+def test_drain_with_the_loop_in_a_process_of_its_own_runs_every_job_to_success() -> None:
+    result = run_drain(replace(TINY, loop_process=True))
+    assert (result.failed_turns, result.last_error) == (0, None)
+    assert result.errors == []
+    assert result.states == {"succeeded": TINY.jobs}
+    assert result.turns > 0  # the loop process's own count came back
