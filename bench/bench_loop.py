@@ -24,15 +24,22 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-from bench.bench_kueue import TERMINAL, Config, _finished, arrivals, cluster_yaml, scaled, store
+from bench.bench_kueue import (
+    TERMINAL,
+    Config,
+    _finished,
+    _timed_loop,
+    arrivals,
+    cluster_yaml,
+    scaled,
+    store,
+)
 from sqlalchemy import func, select
 
 from allotment.api.service import MAX_BATCH, JobService
-from allotment.control.loop import ControlLoop
 from allotment.control.runner import DEFAULT_RECONCILE_EVERY_S, LoopRunner
 from allotment.domain.lifecycle import JobState
 from allotment.domain.loading import load_cluster_text
-from allotment.executors.timed import TimedExecutor
 from allotment.store.models import Event, Job
 
 SUCCEEDED = JobState.SUCCEEDED.value
@@ -69,14 +76,7 @@ def run(config: Config, *, timeout_s: float = 1_800.0) -> LoopRun:
         service = JobService(cluster=cluster, sessions=sessions, clock=time.time)
         for i in range(0, len(texts), MAX_BATCH):
             service.submit_many(spec_texts=texts[i : i + MAX_BATCH])
-        loop = ControlLoop(
-            cluster,
-            sessions,
-            TimedExecutor(clock=time.time),
-            work_root=tmp / "work",
-            clock=time.time,
-        )
-        runner = LoopRunner(loop, tick_s=config.tick_s)
+        runner = LoopRunner(_timed_loop(cluster, sessions, tmp / "work"), tick_s=config.tick_s)
         walls: list[float] = []
         cpus: list[float] = []
         next_reconcile = spent = 0.0
