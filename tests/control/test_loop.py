@@ -280,3 +280,25 @@ def test_reclaim_preempts_a_borrower_which_is_requeued(
     ]
     first = attempts(sessions, borrower)[0]
     assert first.failure_class == "preempted" and first.end_time is not None
+
+
+def test_a_job_committed_as_a_turn_begins_is_never_admitted_before_its_submission(
+    make_loop: MakeLoop, sessions: sessionmaker[Session], submit: Submit
+) -> None:
+    """The turn's clock is read after the store: a job stored while the turn began
+    (here: just before the turn reads the store) gets an admission stamped after it."""
+    loop = make_loop()
+    read = loop._sync_pending
+    made: list[str] = []
+
+    def stored_meanwhile(session: object) -> None:
+        made.append(submit(PRINT_DEVICES))
+        read(session)  # type: ignore[arg-type]
+
+    loop._sync_pending = stored_meanwhile  # type: ignore[method-assign]
+    loop.cycle()
+    [job_id] = made
+    with sessions() as db:
+        submitted = get_job(db, job_id).submit_time
+        [admitted] = [e.at for e in events_for(db, job_id) if e.to_state == "admitted"]
+    assert admitted >= submitted

@@ -186,8 +186,14 @@ def test_never_reclaimed_idle_before_its_window_passed_with_every_sample_below(
         assert covering and all(r.util_max is not None and r.util_max < threshold for r in covering)
         assert min(now, usage[-1].start + usage[-1].length) - since >= window
         assert since >= started
-        # ... and a warning was given at least warn_before ago.
-        assert any(w >= since and now - w >= min(warn_before, window) for w in warned)
+        # ... and a warning was given since the idle run's first interval began (its
+        # end is ``since``: the first sample showing idleness), at least warn_before ago.
+        began = since
+        for r in reversed(usage):
+            if r.util_max is None or r.util_max >= threshold or r.samples <= 0:
+                break
+            began = min(began, r.start)
+        assert any(w >= began and now - w >= min(warn_before, window) for w in warned)
 
 
 CLUSTER = """

@@ -172,8 +172,10 @@ class ControlLoop:
         """One scheduling cycle; its decisions are committed together, then acted on."""
         self.sync()
         session = self.session
-        now = self.clock()
         self._sync_pending(session)
+        # After the read: every job it found was submitted (and committed) before now, so
+        # no admission is stamped earlier than its job's submission.
+        now = self.clock()
         session.occupy(self.orphans.foreign)  # devices orphan processes hold
         decisions = session.cycle(now)
         try:
