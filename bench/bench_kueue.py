@@ -55,6 +55,7 @@ from allotment.api.serving import serve_in_thread
 from allotment.client import AllotmentClient
 from allotment.control.loop import ControlLoop
 from allotment.control.runner import LoopRunner
+from allotment.control.wake import WakeListener, WakeSender
 from allotment.domain.cluster import Cluster
 from allotment.domain.lifecycle import JobState
 from allotment.domain.loading import load_cluster_text
@@ -113,8 +114,9 @@ class Config:
     ``allot up`` does) instead of running without authentication."""
     timeout_s: float = 1_800.0
     loop_process: bool = False
-    """Drain: the control loop runs in a process of its own on the same store (polling
-    every ``tick_s``; the API does not wake it), instead of a thread of the API's."""
+    """Drain: the control loop runs in a process of its own on the same store, woken by
+    the API's messages (as ``allot up --scheduler-process`` runs it), instead of a
+    thread of the API's process."""
 
     @property
     def queues(self) -> list[str]:
@@ -493,33 +495,42 @@ class LoopTally:
 
 
 def _loop_process(url: str, config: Config, work: str, stop: Any, out: Any) -> None:
-    """A loop process: the control loop on the store at ``url`` until ``stop`` is set;
-    puts its :class:`LoopTally` on ``out``."""
+    """A loop process: the control loop on the store at ``url``, woken by ``wake``
+    messages (its port and secret are put on ``out`` first), until ``stop`` is set;
+    then puts its :class:`LoopTally` on ``out``."""
     engine = make_engine(url)
     try:
         cluster = load_cluster_text(cluster_yaml(config), source="bench")
         runner = LoopRunner(
             _timed_loop(cluster, session_factory(engine), Path(work)), tick_s=config.tick_s
         )
+        listener = WakeListener(lambda kind, _: runner.wake() if kind == "wake" else None)
+        listener.start()
         runner.start()
+        out.put((listener.port, listener.secret))
         stop.wait()
         runner.stop()
+        listener.stop()
         out.put(LoopTally(runner.turns, runner.failures, runner.last_error))
     finally:
         engine.dispose()
 
 
 @contextmanager
-def _loop_elsewhere(config: Config, url: str, work: Path) -> Iterator[LoopTally]:
-    """The loop in a process of its own while the block runs; the tally is filled after."""
+def _loop_elsewhere(config: Config, url: str, work: Path) -> Iterator[tuple[LoopTally, WakeSender]]:
+    """The loop in a process of its own while the block runs, and what wakes it; the
+    tally is filled after."""
     ctx = multiprocessing.get_context("spawn")
     stop, out = ctx.Event(), ctx.Queue()
     proc = ctx.Process(target=_loop_process, args=(url, config, str(work), stop, out))
     proc.start()
     tally = LoopTally()
+    port, secret = out.get(timeout=60)
+    sender = WakeSender(port, secret)
     try:
-        yield tally
+        yield tally, sender
     finally:
+        sender.close()
         stop.set()
         try:
             found = out.get(timeout=60)
@@ -538,9 +549,11 @@ def run_drain(config: Config, *, profile: cProfile.Profile | None = None) -> Dra
     schedule = arrivals(config)
     with store(config.db_url) as (sessions, tmp), ExitStack() as stack:
         runner: LoopRunner | LoopTally
+        wake: Callable[[], None] | None = None
         if config.loop_process:
             db_url = config.db_url or f"sqlite:///{tmp / 'allotment.db'}"
-            runner = stack.enter_context(_loop_elsewhere(config, db_url, tmp / "work"))
+            runner, sender = stack.enter_context(_loop_elsewhere(config, db_url, tmp / "work"))
+            wake = sender.wake
         else:
             loop = _timed_loop(cluster, sessions, tmp / "work")
             runner = (
@@ -550,7 +563,10 @@ def run_drain(config: Config, *, profile: cProfile.Profile | None = None) -> Dra
             )
             runner.start()
             stack.callback(runner.stop)
-        app = create_app(cluster=cluster, store_sessions=sessions, clock=time.time)
+            wake = runner.wake
+        app = create_app(
+            cluster=cluster, store_sessions=sessions, clock=time.time, after_write=wake
+        )
         with serve(app) as url:
             submitted, errors, _ = submit_all(
                 url,

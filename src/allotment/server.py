@@ -1,13 +1,15 @@
-"""The composition root: what ``allot up`` starts, in one process.
+"""The composition root: what ``allot up`` starts.
 
 The store (SQLite file in the data directory by default, or ``--db``), migrated to the
 newest schema; the cluster configuration (``-f`` applied first; else the one stored;
-else a one-node cluster describing this machine); the local executor; the control loop
-on a thread of its own (:class:`~allotment.control.runner.LoopRunner`), woken by every
-write through the API, with the ``max_wait`` check as a step of each turn and the
-service controller beside it; the webhook deliveries of alerts on a thread of their own
-(on every server: they claim rows with a lease); and the HTTP API with the dashboard,
-``/metrics`` and the proxy to services and notebooks, served by uvicorn.
+else a one-node cluster describing this machine); the local executor; the scheduler's
+side (:mod:`allotment.host`: the leader election and, while leading, the control loop on
+a thread of its own, with the ``max_wait`` check as a step of each turn, the upkeep and
+the service controller beside it), woken by every write through the API -- in this
+process, or with ``scheduler_process`` in a process of its own on the same store, woken
+by messages; the webhook deliveries of alerts on a thread of their own (on every server:
+they claim rows with a lease); and the HTTP API with the dashboard, ``/metrics`` and the
+proxy to services and notebooks, served by uvicorn.
 
 It writes the local user's client configuration (server URL and an admin token) so that
 the CLI works at once; only the token's digest is kept on the server side. That token
@@ -41,22 +43,26 @@ from allotment.api.auth import AdminDigest, FirstOf, StoreTokens, token_digest
 from allotment.api.ratelimit import SERVER_DEFAULT, RateLimit
 from allotment.clientconfig import read_client_config, write_client_config
 from allotment.control.cluster_state import ClusterState
-from allotment.control.leader import LeaderElection
-from allotment.control.loop import DEFAULT_STOP_GRACE_S, ControlLoop
-from allotment.control.runner import DEFAULT_RECONCILE_EVERY_S, DEFAULT_TICK_S, LoopRunner
-from allotment.control.services import ServiceController, ServiceTraffic
+from allotment.control.loop import DEFAULT_STOP_GRACE_S
+from allotment.control.runner import DEFAULT_RECONCILE_EVERY_S, DEFAULT_TICK_S
+from allotment.control.services import ServiceTraffic
 from allotment.domain.cluster import Cluster
 from allotment.domain.errors import InvalidInput
 from allotment.domain.loading import load_cluster_text
 from allotment.executors.base import Executor
 from allotment.executors.gpus import nvml_gpus
-from allotment.executors.local import LocalExecutor
-from allotment.executors.slurm import SlurmExecutor
+from allotment.host import (
+    ExecutorNotReady,
+    HostSettings,
+    SchedulerHost,
+    SchedulerNotStarted,
+    SchedulerProcess,
+    make_executor,
+)
 from allotment.store import migrate
 from allotment.store.configs import apply_cluster_config, current_cluster_config
 from allotment.store.db import make_engine, session_factory
-from allotment.store.fencing import fence, take_term
-from allotment.upkeep import housekeeper_for, leader_upkeep, server_upkeep
+from allotment.upkeep import server_upkeep
 from allotment.upkeep.webhooks import WebhookDeliveries
 
 log = logging.getLogger("allotment.server")
@@ -99,6 +105,9 @@ class ServerOptions:
     trusted_proxies: tuple[str, ...] = ()
     """Reverse proxies whose ``X-Forwarded-For`` names the client (for the audit trail
     and the rate limit); empty: the header is never believed."""
+    scheduler_process: bool = False
+    """Run the scheduler's side (leader election, control loop, upkeep, service
+    controller) in a process of its own, off the API's interpreter lock."""
 
     @property
     def database_url(self) -> str:
@@ -179,8 +188,10 @@ class Server:
         self.sessions: sessionmaker[Session] | None = None
         self.state: ClusterState | None = None
         """The cluster in use: owned here, shared with the API, the loop and webhooks."""
-        self.loop: ControlLoop | None = None
-        self.election: LeaderElection | None = None
+        self.host: SchedulerHost | None = None
+        """The scheduler's side, in this process (None when it runs in its own)."""
+        self.scheduler: SchedulerProcess | None = None
+        """The scheduler's process, when it runs in one of its own."""
         self.app: FastAPI | None = None
         self.token: str | None = None
         self.config_path: Path | None = None
@@ -210,10 +221,37 @@ class Server:
         _private_sqlite_files(options.database_url)
         self.sessions = session_factory(self.engine)
         cluster = self._cluster(self.sessions)
-        self.executor = self._executor(cluster)
+        try:
+            self.executor = make_executor(options.data_dir, cluster)
+        except ExecutorNotReady as exc:
+            raise StartupError(str(exc)) from exc
         self.state = ClusterState(cluster, nodes_of=self.executor.nodes)
         self.state.apply(cluster)  # on the executor's nodes where it reports them
-        self.election = LeaderElection(self.engine, self._make_runner, on_change=self._leading)
+        self.webhooks = server_upkeep(self.state.current, self.sessions, clock=self.clock)
+        settings = HostSettings(
+            data_dir=options.data_dir,
+            database_url=options.database_url,
+            tick_s=options.tick_s,
+            reconcile_every_s=options.reconcile_every_s,
+            stop_grace_s=options.stop_grace_s,
+            base=options.cluster_file.parent if options.cluster_file else None,
+        )
+        wake: Callable[[], None]
+        if options.scheduler_process:
+            self.scheduler = SchedulerProcess(settings, self.state, self.executor)
+            wake, self.traffic = self.scheduler.wake, self.scheduler.traffic
+        else:
+            self.host = SchedulerHost(
+                settings,
+                engine=self.engine,
+                sessions=self.sessions,
+                state=self.state,
+                executor=self.executor,
+                traffic=self.traffic,
+                clock=self.clock,
+                on_alert=self.webhooks.wake,
+            )
+            wake = self.host.wake
         self.token = self._admin_token()
         self.app = create_app(
             cluster=self.state,
@@ -225,7 +263,7 @@ class Server:
                     StoreTokens(self.sessions, clock=self.clock),
                 ]
             ),
-            after_write=self.election.wake,
+            after_write=wake,
             work_root=self.work_root,
             rate_limit=options.rate_limit,
             images=self.executor.images,
@@ -233,88 +271,18 @@ class Server:
             traffic=self.traffic,
         )
         self.app.state.on_cluster_change = self._cluster_changed
-        self.webhooks = server_upkeep(self.state.current, self.sessions, clock=self.clock)
         self.webhooks.start()
-        self.election.start()
+        if self.scheduler is not None:
+            try:
+                self.scheduler.start()
+            except SchedulerNotStarted as exc:
+                raise StartupError(str(exc)) from exc
+        elif self.host is not None:
+            self.host.start()
 
     @property
     def work_root(self) -> Path:
         return self.options.data_dir / "work"
-
-    def _make_runner(self) -> LoopRunner:
-        """A loop on the newest stored cluster (another server may have applied one),
-        for one term as leader."""
-        assert self.sessions is not None
-        with self.sessions() as db:
-            stored = current_cluster_config(db)
-        assert self.state is not None and self.executor is not None
-        if stored is not None:
-            self.state.apply(
-                load_cluster_text(stored.text, source="the stored cluster configuration")
-            )
-        assert self.engine is not None
-        # This term's own sessions: each of their transactions proves the term first, so
-        # nothing of this leader is written once another server has taken over.
-        term = take_term(self.sessions, holder=_holder(), at=self.clock())
-        fenced = fence(session_factory(self.engine), term)
-        log.info("leading under term %d", term)
-        self.loop = ControlLoop(
-            self.state,
-            fenced,
-            self.executor,
-            work_root=self.work_root,
-            clock=self.clock,
-            stop_grace_s=self.options.stop_grace_s,
-        )
-        runner = LoopRunner(
-            self.loop,
-            tick_s=self.options.tick_s,
-            reconcile_every_s=self.options.reconcile_every_s,
-        )
-        keeper = housekeeper_for(
-            self.state.current,
-            fenced,
-            usage=self.executor.usage,
-            clock=self.clock,
-            work_root=self.work_root,
-            orphan_gpus=self.loop.orphans.gpu_processes,
-            wake=runner.wake,
-            lock=runner.lock,
-            base=self.options.cluster_file.parent if self.options.cluster_file else None,
-        )
-        upkeep = leader_upkeep(
-            keeper, on_alert=self.webhooks.wake if self.webhooks is not None else None
-        )
-        runner.steps.extend(upkeep.steps)
-        runner.companions.append(upkeep.housekeeper)
-        runner.companions.append(
-            ServiceController(fenced, traffic=self.traffic, clock=self.clock, wake=runner.wake)
-        )
-        return runner
-
-    def _executor(self, cluster: Cluster) -> Executor:
-        """The executor the cluster file names; a Slurm cluster is checked first."""
-        slurm = cluster.executor.slurm
-        executor: Executor
-        if slurm is None:
-            executor = LocalExecutor(self.options.data_dir / "executor", runtime=cluster.runtime)
-            what = "This machine"
-        else:
-            executor = SlurmExecutor(
-                slurm, self.options.data_dir / "executor-slurm", runtime=cluster.runtime
-            )
-            what = "Slurm"
-        problems = executor.check()
-        if problems:
-            listed = "\n".join(f"  - {p}" for p in problems)
-            raise StartupError(f"{what} is not ready for Allotment:\n{listed}")
-        return executor
-
-    def _leading(self, leading: bool) -> None:
-        if leading:
-            log.warning("this server now runs the scheduler")
-        else:
-            log.warning("this server no longer runs the scheduler: another one leads")
 
     def _cluster(self, sessions: sessionmaker[Session]) -> Cluster:
         """``-f`` if given (stored as a new version when it differs), else the stored
@@ -361,11 +329,13 @@ class Server:
         return token
 
     def _cluster_changed(self, cluster: Cluster) -> None:
-        """A new configuration was applied (the API put it in :attr:`state`): the
-        leader's loop takes it at the start of its next turn, woken now."""
-        runner = self.election.runner if self.election is not None else None
-        if runner is not None:
-            runner.wake()
+        """A new configuration was applied (the API put it in :attr:`state` and the
+        store): the leader's loop takes it at the start of its next turn, woken now (in
+        a process of its own, it reads the stored one)."""
+        if self.scheduler is not None:
+            self.scheduler.cluster_changed()
+        elif self.host is not None:
+            self.host.wake()
 
     # ------------------------------------------------------------------ run
 
@@ -388,9 +358,18 @@ class Server:
         finally:
             self.close()
 
+    @property
+    def leading(self) -> bool:
+        """Whether this server's scheduler side leads (in its process, or in this one)."""
+        if self.scheduler is not None:
+            return self.scheduler.alive and self.scheduler.leading
+        return self.host is not None and self.host.leading
+
     def close(self) -> None:
-        if self.election is not None:
-            self.election.stop()
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        if self.host is not None:
+            self.host.stop()
         if self.webhooks is not None:
             self.webhooks.stop(timeout=2.0)  # a try cut short is made again (its lease expires)
         if self.engine is not None:
@@ -410,11 +389,6 @@ def _private_sqlite_files(url: str) -> None:
     for path in (database, Path(f"{database}-wal"), Path(f"{database}-shm")):
         with contextlib.suppress(FileNotFoundError):
             path.chmod(PRIVATE_FILE)
-
-
-def _holder() -> str:
-    """Who leads, for the record: host and process."""
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def _executor_line(cluster: Cluster) -> str:
@@ -449,8 +423,12 @@ def describe(server: Server) -> list[str]:
         f"  executor:  {_executor_line(cluster)}",
         *_isolation_lines(server),
         f"  CLI config written to {server.config_path}",
-        "  scheduler: running here"
-        if server.election is not None and server.election.leading
+        (
+            f"  scheduler: running in a process of its own (pid {server.scheduler.pid})"
+            if server.scheduler is not None
+            else "  scheduler: running here"
+        )
+        if server.leading
         else "  scheduler: another server leads on this store; this one serves the API and "
         "takes over if it goes away",
         "Try: allot run --gpus 1 -- nvidia-smi   (or any command; see README)",

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.server.conftest import Up
 from tests.server.test_acceptance import allot, allot_json
@@ -33,10 +34,11 @@ queues:
 """
 
 
-def started(up: Up) -> dict[str, str]:
-    """Start ``allot up``; return tokens of a vision member and an nlp member."""
+def started(up: Up, *extra: str) -> dict[str, str]:
+    """Start ``allot up`` (with ``extra`` options); return tokens of a vision member and
+    an nlp member."""
     (up.root / "cluster.yaml").write_text(CLUSTER)
-    up.start("-f", str(up.root / "cluster.yaml"))
+    up.start("-f", str(up.root / "cluster.yaml"), *extra)
     with up.client() as admin:
         return {
             tenant: admin.create_token(user=f"{tenant}-member", tenant=tenant, role="member")[
@@ -209,10 +211,15 @@ def test_a_crashing_service_ends_in_crash_loop_and_its_endpoint_says_why(up: Up)
     assert "failures in a row" in answer.json()["message"]
 
 
+@pytest.mark.parametrize(
+    "extra", [(), ("--scheduler-process",)], ids=["one-process", "scheduler-process"]
+)
 def test_autoscaling_follows_the_load_within_quota_and_a_scale_up_that_does_not_fit_waits(
-    up: Up,
+    up: Up, extra: tuple[str, ...]
 ) -> None:
-    tokens = started(up)
+    """Also with the service controller in the scheduler's own process: the proxy's
+    request counts reach it there."""
+    tokens = started(up, *extra)
     up.env_overrides["ALLOT_TOKEN"] = tokens["vision"]
     scaling = {"target": 1, "window": "1s", "scale_down_delay": "2s"}
     allot(
