@@ -228,7 +228,8 @@ class SchedulerNotStarted(Exception):
 
 class ForwardedTraffic(ServiceTraffic):
     """The proxy's request counts, also sent to the scheduler's process (whose service
-    controller reads them) as they change."""
+    controller reads them) as they change, and every second as levels (:meth:`resend`),
+    so that a lost message is corrected."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -243,6 +244,13 @@ class ForwardedTraffic(ServiceTraffic):
         super().end(service_id)
         if self.sender is not None:
             self.sender.send("end", service_id)
+
+    def resend(self) -> None:
+        """Send each service's requests in flight now."""
+        sender = self.sender
+        if sender is not None:
+            for service_id, in_flight in self.levels().items():
+                sender.send("level", service_id, str(in_flight))
 
 
 class SchedulerProcess:
@@ -337,6 +345,7 @@ class SchedulerProcess:
     def _watching(self) -> None:
         nodes_at = time.monotonic() + self.settings.reconcile_every_s
         while not self._stopping.wait(WATCH_S):
+            self.traffic.resend()
             if not self.alive:
                 code = None if self.process is None else self.process.returncode
                 log.error("the scheduler's process ended (exit status %s); starting it again", code)
@@ -365,6 +374,8 @@ def _handler(host: SchedulerHost) -> Callable[[str, list[str]], None]:
             host.traffic.begin(words[0])
         elif kind == "end" and words:
             host.traffic.end(words[0])
+        elif kind == "level" and len(words) == 2 and words[1].isdigit():
+            host.traffic.level(words[0], int(words[1]))
 
     return handle
 

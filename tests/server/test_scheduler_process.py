@@ -139,3 +139,30 @@ def test_a_scheduler_process_that_dies_is_started_again(up: Up) -> None:
     status, err = up.stop()
     assert status in (0, -signal.SIGTERM)
     assert "the scheduler's process ended" in err and "starting it again" in err
+
+
+def test_a_lost_message_is_corrected_by_the_levels_sent_every_second() -> None:
+    there = ServiceTraffic()
+    listener = WakeListener(
+        lambda kind, words: (
+            there.level(words[0], int(words[1])) if kind == "level" else there.begin(words[0])
+        )
+    )
+    listener.start()
+    try:
+        here = ForwardedTraffic()
+        sender = here.sender = WakeSender(listener.port, listener.secret)
+        here.begin("svc-1")
+        here.sender = None  # the "end" is lost
+        here.end("svc-1")
+        here.sender = sender
+        deadline = time.monotonic() + 5
+        while there.take("svc-1")[2] != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert there.take("svc-1")[2] == 1  # wrong until the levels come
+        here.resend()
+        while there.take("svc-1")[2] != 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert there.take("svc-1")[2] == 0 == here.take("svc-1")[2]
+    finally:
+        listener.stop()

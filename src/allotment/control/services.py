@@ -111,6 +111,20 @@ class ServiceTraffic:
             gauge.advance(now)
             gauge.in_flight = max(0, gauge.in_flight + by)
 
+    def levels(self) -> dict[str, int]:
+        """The requests in flight now, per service counted so far."""
+        with self._lock:
+            return {service: gauge.in_flight for service, gauge in self._gauges.items()}
+
+    def level(self, service_id: str, in_flight: int) -> None:
+        """Set the requests in flight from another count of them (the proxy's, in
+        another process), correcting one a lost message left wrong."""
+        now = self._clock()
+        with self._lock:
+            gauge = self._gauges.setdefault(service_id, _Gauge(since=now))
+            gauge.advance(now)
+            gauge.in_flight = max(0, in_flight)
+
     def take(self, service_id: str) -> tuple[float, float, int]:
         """``(area, now, in_flight)``: request-seconds since the last take, and the
         requests in flight now."""

@@ -9,8 +9,9 @@ process's datagram is ignored), the second the message's kind:
 
 - ``wake``: something was written; run a turn now;
 - ``cluster``: a new configuration was stored; take it, then run a turn;
-- ``traffic SERVICE AREA IN_FLIGHT``: the proxy's request counts for a service since the
-  last such message (request-seconds, and requests in flight now).
+- ``begin SERVICE`` / ``end SERVICE``: the proxy took a request for a service / answered
+  it; ``level SERVICE N``: it has N in flight now (sent every second, so that a lost
+  message is corrected).
 """
 
 from __future__ import annotations
