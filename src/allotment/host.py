@@ -417,6 +417,10 @@ def main(argv: list[str] | None = None) -> int:
         host.start()
         leading = "leading" if host.leading else "following"
         print(f"{listener.port} {listener.secret} {leading}", flush=True)
+        # Nobody reads standard output after that line: whatever else is written there
+        # (by this process or one it starts) goes to standard error, never into a pipe
+        # that could fill up.
+        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
         try:
             for line in sys.stdin:
                 if line.strip() == "stop":

@@ -13,10 +13,11 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from allotment.api.services import Services
-from allotment.control.services import ServiceController, ServiceTraffic
+from allotment.control.services import DRAIN_S, ServiceController, ServiceTraffic
 from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import JobState
 from allotment.store import services as service_store
+from allotment.store.jobs import events_for
 from allotment.store.models import Job, Service
 from tests.store.conftest import engine, sessions  # noqa: F401  (both stores)
 
@@ -254,6 +255,34 @@ def test_a_rolling_update_stops_old_replicas_as_new_ones_become_ready(world: Wor
     service = world.step()
     assert {r["generation"] for r in world.live()} == {2}
     assert service["restarts"] == 0
+
+
+def test_a_ready_replica_stopped_on_purpose_is_drained_before_its_job_is_cancelled(
+    world: World,
+) -> None:
+    """Replaced by a new generation: out of the route at once, cancelled DRAIN_S later,
+    so that the requests already sent to it are answered."""
+    world.apply(replicas={"min": 1, "max": 1})
+    world.step()
+    world.run_all()
+    world.step()
+    [old] = world.live()
+    world.apply(replicas={"min": 1, "max": 1}, health={"path": "/v2"})
+    world.step()
+    [new] = [r for r in world.live() if r["generation"] == 2]
+    world.move(new["job"], JobState.RUNNING)
+    service = world.step()
+    [draining] = [r for r in service["replicas"] if r["job"] == old["job"]]
+    assert draining["retired"] and not draining["ready"] and draining["state"] == "running"
+    route = Services.route_of(world.sessions, "t", "web")
+    assert route is not None and route.ports == (int(new["env"]["PORT"]),)
+    service = world.step(DRAIN_S / 2)  # still answering what it was sent
+    assert {r["job"]: r["state"] for r in service["replicas"]}[old["job"]] == "running"
+    service = world.step(DRAIN_S / 2)
+    assert {r["job"]: r["state"] for r in service["replicas"]}[old["job"]] == "cancelled"
+    with world.sessions() as db:
+        [cancelled] = [e for e in events_for(db, old["job"]) if e.to_state == "cancelled"]
+    assert "replaced by generation 2" in (cancelled.message or "")
 
 
 def test_an_update_the_old_replicas_leave_no_room_for_stops_one_old_replica(

@@ -263,7 +263,15 @@ def test_autoscaling_follows_the_load_within_quota_and_a_scale_up_that_does_not_
     calm = wait_service(up, "auto", lambda s: s["desired"] == 1 and len(s["replicas"]) == 1)
     stopped = {r["job"] for r in busy["replicas"]} - {r["job"] for r in calm["replicas"]}
     assert len(stopped) == 2
-    assert {allot_json(up, "get", job)["state"] for job in stopped} == {"cancelled"}
+    # Drained first (no new requests), then cancelled.
+    deadline = time.monotonic() + 20
+    states: set[str] = set()
+    while time.monotonic() < deadline:
+        states = {allot_json(up, "get", job)["state"] for job in stopped}
+        if states == {"cancelled"}:
+            break
+        time.sleep(0.2)
+    assert states == {"cancelled"}
 
 
 def test_a_public_service_answers_without_a_token_where_its_tenant_allows_it(up: Up) -> None:

@@ -23,6 +23,11 @@ On the leading server, on a thread of its own, every ``tick_s``:
    started; old ones are stopped only as new ones become ready, so the ready count
    never drops below what is wanted because of the update.
 
+A ready replica stopped on purpose (scaled down, replaced by a new generation) is
+drained first: it takes no new requests at once, and its job is cancelled
+:data:`DRAIN_S` later, so that requests already sent to it are answered. One that
+failed its checks is stopped at once.
+
 Every decision about one service is written in one transaction with the service row
 locked, so a deletion through the API never races with a new replica. Replica jobs
 are created and cancelled through the store's one job mutator; the loop is woken to
@@ -56,6 +61,10 @@ from allotment.store.models import Job, Service
 from allotment.store.services import add_replica, replica_jobs, settings_of
 
 log = logging.getLogger(__name__)
+
+DRAIN_S = 2.0
+"""How long a ready replica stopped on purpose gets no new requests before its job is
+cancelled (the proxy's view of the ready replicas is at most a quarter second old)."""
 
 DEFAULT_TICK_S = 0.5
 REPLICA_HOST = "127.0.0.1"
@@ -322,7 +331,15 @@ class ServiceController:
                     last_failure = job
                     self._failed(service, settings, now)
                 continue
-            if state is JobState.RUNNING:
+            drain_until = record.get("drain_until")
+            if drain_until is not None:
+                if now >= drain_until:  # drained: its job is cancelled now
+                    del record["drain_until"]
+                    self._cancel(db, service, record, now)
+                    acted = True
+            elif record.get("retired"):
+                pass  # stopping: no health checks, no traffic
+            elif state is JobState.RUNNING:
                 record["started"] = record.get("started") or now
                 acted = self._check_health(db, service, settings, record, now) or acted
             elif record.get("ready"):  # preempted and requeued: no traffic until it is back
@@ -375,14 +392,32 @@ class ServiceController:
         return True
 
     def _retire(
-        self, db: DbSession, service: Service, record: dict[str, Any], *, because: str, now: float
+        self,
+        db: DbSession,
+        service: Service,
+        record: dict[str, Any],
+        *,
+        because: str,
+        now: float,
+        drain: bool = False,
     ) -> None:
-        """Stop one replica job on purpose (scale down, roll over, unhealthy)."""
+        """Stop one replica job on purpose (scale down, roll over, unhealthy); with
+        ``drain``, a ready one takes no new requests now and is cancelled
+        :data:`DRAIN_S` later."""
         record["retired"] = True
+        record["because"] = because
+        if drain and record.get("ready"):
+            record["ready"] = False
+            record["drain_until"] = now + DRAIN_S
+            return
         record["ready"] = False
+        self._cancel(db, service, record, now)
+
+    def _cancel(self, db: DbSession, service: Service, record: dict[str, Any], now: float) -> None:
         job = db.get(Job, record["job"])
         if job is not None and JobState.CANCELLED in ALLOWED[JobState(job.state)]:
-            cancel_job(db, job.id, at=now, by=f"{CONTROLLER} ({service.name}: {because})")
+            why = record.get("because", "stopped")
+            cancel_job(db, job.id, at=now, by=f"{CONTROLLER} ({service.name}: {why})")
 
     def _wanted(self, service: Service, settings: ServiceSettings, now: float) -> int:
         """The replicas the service's load asks for now (its average over the window,
@@ -440,7 +475,7 @@ class ServiceController:
         # (records are in the order they were made).
         by_value = sorted(new, key=lambda r: (not r.get("ready"), bool(r.get("preemptible"))))
         for record in by_value[wanted:]:
-            self._retire(db, service, record, because="scaled down", now=now)
+            self._retire(db, service, record, because="scaled down", now=now, drain=True)
         kept = by_value[:wanted]
         keep_old = max(0, wanted - sum(1 for r in kept if r.get("ready")))
         stopping = any(r.get("retired") for r in records)
@@ -449,7 +484,7 @@ class ServiceController:
         old.sort(key=lambda r: not r.get("ready"))
         for record in old[keep_old:]:
             because = f"replaced by generation {service.generation}"
-            self._retire(db, service, record, because=because, now=now)
+            self._retire(db, service, record, because=because, now=now, drain=True)
         return wanted != len(new) or len(old) > keep_old
 
     def _set_reason(
