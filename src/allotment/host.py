@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -380,12 +381,20 @@ def _handler(host: SchedulerHost) -> Callable[[str, list[str]], None]:
     return handle
 
 
+def _exit(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The scheduler in a process of its own: ``python -m allotment.host
     SETTINGS_JSON``. Prints ``PORT SECRET leading|following`` once it listens (and
     leads, if the lock was free), then runs until standard input closes or reads
     ``stop``."""
     args = sys.argv[1:] if argv is None else argv
+    # Its lifetime is the API process's: Ctrl-C in a terminal reaches both, and only that
+    # one decides; a SIGTERM stops it as "stop" does.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     settings = HostSettings.from_json(args[0])
     engine = make_engine(settings.database_url)

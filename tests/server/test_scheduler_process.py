@@ -52,6 +52,9 @@ def test_a_submission_wakes_the_scheduler_in_its_own_process(up: Up) -> None:
         job = client.submit(JOB)
     started = {"starting", "running", "succeeded"}  # admitted and launched
     assert wait_state(up, job["id"], started, timeout=15) in started
+    psutil.Process(pid).send_signal(signal.SIGINT)  # Ctrl-C reaches the whole group
+    time.sleep(0.5)
+    assert scheduler_pid(up) == pid  # only the API's process decides when it ends
     status, err = up.stop()
     assert status in (0, -signal.SIGTERM) and "Traceback" not in err
     assert f"running in a process of its own (pid {pid})" in err
