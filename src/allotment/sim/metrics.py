@@ -12,6 +12,9 @@
   held part of it) -- every one lasted beyond the cycle that should have reclaimed it;
   ``guarantee_shortfall_s`` and ``guarantee_shortfall_max_s`` their total and longest
   duration. None when the scheduler ran as a snapshot function (not tracked).
+- ``owed_waits``: jobs that waited more than five minutes, in all, while their queue
+  held no more than its nominal GPUs minus theirs (:mod:`allotment.sim.owed`); an
+  outside checker's count, stricter than ``guarantee_violations``.
 - ``wait_max_s``: the longest wait (no job starving).
 - ``forecast_*`` (with ``predict_every``): start forecasts made at submission against
   the actual starts (see :func:`forecast_stats`).
@@ -29,6 +32,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from allotment.domain.resources import MILLI
+from allotment.sim.owed import owed_waits
 from allotment.sim.results import (
     FAILED,
     SUCCEEDED,
@@ -230,6 +234,7 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
     jobs = result.jobs
     overall = _group(jobs, total_gpus=result.total_gpus, span=None)
     makespan = overall["makespan_s"]
+    owed = owed_waits(jobs, result.attempts, result.nominal_gpus)
     by_queue: dict[str, list[JobResult]] = {}
     for job in jobs:
         by_queue.setdefault(job.queue, []).append(job)
@@ -242,6 +247,7 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
         if finished:
             slowdowns.append(sum(finished) / len(finished))
         stats["slowdown_avg"] = _round(mean(finished))
+        stats["owed_waits"] = owed.get(name, 0)
         if result.shortfalls is not None:
             _shortfalls(stats, [s for s in result.shortfalls if s.queue == name])
         stats["fairness_jain"] = None
@@ -249,6 +255,7 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
         per_queue[name] = _ordered(stats)
     overall["fairness_jain"] = _round(jain(slowdowns), 4)
     _shortfalls(overall, result.shortfalls)
+    overall["owed_waits"] = owed[""]
     overall["wall_s"] = _round(result.wall_s)
     overall["cycles"] = result.cycles
     overall["scheduler_s"] = _round(result.scheduler_s)

@@ -59,6 +59,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from allotment.domain.cluster import Cluster
+from allotment.domain.resources import GPU
 from allotment.scheduler.session import Session
 from allotment.scheduler.snapshot import SchedulerPolicy
 from allotment.sim.errors import ReplayError
@@ -237,6 +238,10 @@ class Replay:
             forecast_s=forecaster.seconds,
             waiting_s=sampler.waiting_s,
             node_pools=executor.node_pools,
+            nominal_gpus={
+                q.name: sum(r.as_dict().get(GPU, 0) for r in q.nominal.values())
+                for q in self.cluster.leaves
+            },
             held_while_waiting=sampler.held_while_waiting,
             unusable_while_waiting=sampler.unusable_while_waiting,
             wall_s=time.perf_counter() - started,

@@ -79,6 +79,8 @@ class ReplayResult:
     """Milli-GPU-seconds free during those seconds on nodes where none of the waiting
     jobs' replicas (the first 16 of each queue) fits: fragmentation, sampled about
     2,000 times over the replay."""
+    nominal_gpus: dict[str, int] = field(default_factory=dict)
+    """Each leaf queue's nominal GPUs (milli), summed over pools (for owed waits)."""
     shortfalls: list[Shortfall] | None = None
     """Every time a queue was owed its guarantee and did not get it (None: not tracked,
     the scheduler was a snapshot function)."""
