@@ -56,13 +56,14 @@ class _Usage:
         return known
 
     def _at(self, cumulative: list[float], limit: int, t: float) -> float:
-        """Seconds with at most ``limit`` held from the first step to ``t`` (before the
-        first step the queue held nothing: those seconds count from ``t = 0``)."""
+        """Seconds with at most ``limit`` (never negative) held from the first step to
+        ``t``; before the first step the queue held nothing, so every second counts
+        (negative for ``t`` before it: only differences are used)."""
         if not self.times:
-            return t if limit >= 0 else 0.0
+            return t
         k = bisect.bisect_right(self.times, t) - 1
         if k < 0:
-            return (t - self.times[0]) if limit >= 0 else 0.0
+            return t - self.times[0]
         inside = t - self.times[k] if self.held[k] <= limit else 0.0
         return cumulative[k] + inside
 
