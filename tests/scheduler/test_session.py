@@ -75,6 +75,19 @@ def assert_same_state(session: Session) -> None:
     assert {k: v for k, v in kept.classes.items() if v} == {
         k: v for k, v in fresh.classes.items() if v
     }
+    # The victim searches' index per pool holds the same groups as the one per (pool, queue).
+    assert {
+        (pool, queue): group
+        for pool, groups in kept.pool_queues.items()
+        for queue, group in groups.items()
+    } == kept.by_queue
+    # How many holders of each pool have a known end (backfill plans skip pools with none).
+    counted: dict[str, int] = {}
+    for holder in kept.holders.values():
+        if holder.end_bound is not None:
+            counted[holder.pool] = counted.get(holder.pool, 0) + 1
+    assert {pool: n for pool, n in kept.known_end.items() if n} == counted
+    assert {pool: n for pool, n in fresh.known_end.items() if n} == counted
     classes = {name: c.value for name, c in session.cluster.priority_classes.items()}
     lines, _ = group_lines(snapshot.pending, classes)
     for queue, line in lines.items():

@@ -94,7 +94,7 @@ class _Cycle:
     past_block: int = 0
     """Jobs looked at, across all queues, that did not start."""
     claimed: dict[tuple[object, ...], frozenset[object]] = field(default_factory=dict)
-    failed: dict[tuple[object, ...], tuple[Outcome, Reason | None]] = field(default_factory=dict)
+    failed: dict[str, tuple[Outcome, Reason | None]] = field(default_factory=dict)
     """Tries that failed this cycle without a reservation, by what decides them
     (:meth:`PendingJob.asks`)."""
 

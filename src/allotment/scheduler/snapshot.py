@@ -105,7 +105,7 @@ class PendingJob:
 
     _total: dict[str, int] | None = field(default=None, init=False, repr=False, compare=False)
     _shape: tuple[object, ...] | None = field(default=None, init=False, repr=False, compare=False)
-    _asks: tuple[object, ...] | None = field(default=None, init=False, repr=False, compare=False)
+    _asks: str | None = field(default=None, init=False, repr=False, compare=False)
 
     def shape(self) -> tuple[object, ...]:
         """A hashable form of the request (replica counts and resources), for caches."""
@@ -115,13 +115,14 @@ class PendingJob:
             )
         return self._shape
 
-    def asks(self) -> tuple[object, ...]:
+    def asks(self) -> str:
         """What decides a try's answer within a cycle (computed once): jobs asking the
         same -- queue, class, shape, pools, runtime bound -- fail the same way, as the
-        world only fills up during a cycle."""
+        world only fills up during a cycle. A string, so that its hash is computed once
+        (a cycle looks it up for every job it passes)."""
         if self._asks is None:
             bound = self.max_runtime if self.max_runtime is not None else self.expected_runtime
-            self._asks = (self.queue, self.priority_class, self.shape(), self.pools, bound)
+            self._asks = repr((self.queue, self.priority_class, self.shape(), self.pools, bound))
         return self._asks
 
     def total(self) -> dict[str, int]:

@@ -73,8 +73,13 @@ class CycleState:
         self.holders: dict[str, Holder] = {}
         self.by_pool: dict[str, dict[str, Holder]] = {p: {} for p in self.quota.pools}
         self.terminating: dict[str, Holder] = {}
+        self.known_end: dict[str, int] = {}
+        """Per pool, how many holders have a known end (``end_bound``): where none has,
+        a backfill plan has nothing to go on and the pool's jobs need not be looked at."""
         self.by_queue: dict[tuple[str, str], dict[str, Holder]] = {}
         """Holders per (pool, queue): where victim searches look."""
+        self.pool_queues: dict[str, dict[str, dict[str, Holder]]] = {}
+        """The same groups per pool, then queue (in the order ``by_queue`` has them)."""
         self.borrow_only: dict[str, dict[str, Holder]] = {}
         """Holders of borrow-only classes per pool (victims for any queue)."""
         self.classes: dict[tuple[str, str], dict[str, tuple[PriorityClass, int]]] = {}
@@ -119,6 +124,8 @@ class CycleState:
             state.holders[holder.id] = holder
             state.by_pool.setdefault(holder.pool, {})[holder.id] = holder
             state._index(holder)
+            if holder.end_bound is not None:
+                state._bump(state.known_end, holder.pool)
             if holder.terminating:
                 state.terminating[holder.id] = holder
             state.placer.allocate(holder.placements, holder.side)
@@ -194,6 +201,8 @@ class CycleState:
         if holder is None:
             return False
         holder.terminating = True
+        if holder.end_bound is None:
+            self._bump(self.known_end, holder.pool)
         holder.end_bound = self.now
         self.terminating[job_id] = holder
         self._bump(self.changed, holder.pool)
@@ -208,6 +217,7 @@ class CycleState:
         group = self.by_queue.get(key)
         if group is None:
             group = self.by_queue[key] = {}
+            self.pool_queues.setdefault(holder.pool, {})[holder.queue] = group
         group[holder.id] = holder
         klass = holder.klass
         counts = self.classes.get(key)
@@ -267,6 +277,8 @@ class CycleState:
         self.holders[holder.id] = holder
         self.by_pool.setdefault(holder.pool, {})[holder.id] = holder
         self._index(holder)
+        if holder.end_bound is not None:
+            self._bump(self.known_end, holder.pool)
         self.placer.allocate(holder.placements, holder.side)
         if holder.queue in self.cluster.queues and holder.pool in self.by_pool:
             self.quota.add(
@@ -278,6 +290,8 @@ class CycleState:
         del self.holders[holder.id]
         del self.by_pool[holder.pool][holder.id]
         self._unindex(holder)
+        if holder.end_bound is not None:
+            self.known_end[holder.pool] -= 1
         self.placer.release(holder.placements, holder.side)
         if holder.queue in self.cluster.queues and holder.pool in self.by_pool:
             self.quota.remove(

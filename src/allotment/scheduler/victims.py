@@ -74,8 +74,8 @@ def _own(state: CycleState, leaf: Queue, pool: str, job_class: PriorityClass) ->
     """The queue's own jobs in ``pool`` that ``preemption.within_queue`` gives up: of a
     lower priority (``lower_priority``) or not higher (``any``), and borrow-only ones."""
     mode = leaf.spec.preemption.within_queue
-    if mode == "never":
-        return []
+    if mode == "never" or not state.classes.get((pool, leaf.name)):
+        return []  # nothing of its own may be taken, or it holds nothing there
     value, any_mode = job_class.value, mode == "any"
 
     def cause(klass: PriorityClass) -> str | None:
@@ -112,8 +112,8 @@ def _others(
         return []
     out: list[Candidate] = []
     if reclaim:
-        for (where, queue), group in state.by_queue.items():
-            if where != pool or queue == leaf.name or not group:
+        for queue, group in state.pool_queues.get(pool, {}).items():
+            if queue == leaf.name or not group:
                 continue
             takes = borrowing(queue)
             for holder in group.values():
@@ -163,7 +163,7 @@ class _Victims:
         found = _own(state, leaf, pool, job_class) if self.OWN else []
         if self.OTHERS:
             found += _others(state, leaf, pool, job_class, reclaim, borrowing)
-        return _ordered(found)
+        return _ordered(found) if found else found
 
 
 @dataclass(frozen=True, slots=True)
