@@ -75,12 +75,16 @@ def assert_same_state(session: Session) -> None:
     assert {k: v for k, v in kept.classes.items() if v} == {
         k: v for k, v in fresh.classes.items() if v
     }
-    # The victim searches' index per pool holds the same groups as the one per (pool, queue).
+    # The victim searches' index: every holder under its pool and queue, and no other.
+    grouped: dict[tuple[str, str], set[str]] = {}
+    for holder in kept.holders.values():
+        grouped.setdefault((holder.pool, holder.queue), set()).add(holder.id)
     assert {
-        (pool, queue): group
-        for pool, groups in kept.pool_queues.items()
+        (pool, queue): set(group)
+        for pool, groups in kept.by_queue.items()
         for queue, group in groups.items()
-    } == kept.by_queue
+        if group
+    } == grouped
     # How many holders of each pool have a known end (backfill plans skip pools with none).
     counted: dict[str, int] = {}
     for holder in kept.holders.values():

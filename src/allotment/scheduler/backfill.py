@@ -98,10 +98,10 @@ def _ending_order(state: CycleState, pool: str, version: int) -> list[Holder]:
     latest start. Those with no known end are left out: a plan stops where they begin."""
     key = ("ending", pool, version)
     order: list[Holder] | None = state.cycle_cache.get(key)
-    if order is None and not state.known_end.get(pool):
-        order = []  # no running job there has a known end (a trace with no runtimes)
-    elif order is None:
-        order = [h for h in state.by_pool.get(pool, {}).values() if h.end_bound is not None]
+    if order is None:
+        # Where no running job has a known end (a trace with no run times), none is looked at.
+        running = state.by_pool.get(pool, {}) if state.known_end.get(pool) else {}
+        order = [h for h in running.values() if h.end_bound is not None]
         order.sort(key=_ending_key)
         state.cycle_cache[key] = order
     return order

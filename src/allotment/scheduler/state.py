@@ -76,10 +76,8 @@ class CycleState:
         self.known_end: dict[str, int] = {}
         """Per pool, how many holders have a known end (``end_bound``): where none has,
         a backfill plan has nothing to go on and the pool's jobs need not be looked at."""
-        self.by_queue: dict[tuple[str, str], dict[str, Holder]] = {}
-        """Holders per (pool, queue): where victim searches look."""
-        self.pool_queues: dict[str, dict[str, dict[str, Holder]]] = {}
-        """The same groups per pool, then queue (in the order ``by_queue`` has them)."""
+        self.by_queue: dict[str, dict[str, dict[str, Holder]]] = {}
+        """Holders per pool, then queue: where victim searches look."""
         self.borrow_only: dict[str, dict[str, Holder]] = {}
         """Holders of borrow-only classes per pool (victims for any queue)."""
         self.classes: dict[tuple[str, str], dict[str, tuple[PriorityClass, int]]] = {}
@@ -124,8 +122,6 @@ class CycleState:
             state.holders[holder.id] = holder
             state.by_pool.setdefault(holder.pool, {})[holder.id] = holder
             state._index(holder)
-            if holder.end_bound is not None:
-                state._bump(state.known_end, holder.pool)
             if holder.terminating:
                 state.terminating[holder.id] = holder
             state.placer.allocate(holder.placements, holder.side)
@@ -214,11 +210,15 @@ class CycleState:
 
     def _index(self, holder: Holder) -> None:
         key = (holder.pool, holder.queue)
-        group = self.by_queue.get(key)
+        queues = self.by_queue.get(holder.pool)
+        if queues is None:
+            queues = self.by_queue[holder.pool] = {}
+        group = queues.get(holder.queue)
         if group is None:
-            group = self.by_queue[key] = {}
-            self.pool_queues.setdefault(holder.pool, {})[holder.queue] = group
+            group = queues[holder.queue] = {}
         group[holder.id] = holder
+        if holder.end_bound is not None:
+            self._bump(self.known_end, holder.pool)
         klass = holder.klass
         counts = self.classes.get(key)
         if counts is None:
@@ -230,7 +230,9 @@ class CycleState:
 
     def _unindex(self, holder: Holder) -> None:
         key = (holder.pool, holder.queue)
-        del self.by_queue[key][holder.id]
+        del self.by_queue[holder.pool][holder.queue][holder.id]
+        if holder.end_bound is not None:
+            self.known_end[holder.pool] -= 1
         klass = holder.klass
         counts = self.classes[key]
         kept, held = counts[klass.name]
@@ -242,7 +244,7 @@ class CycleState:
             del self.borrow_only[holder.pool][holder.id]
 
     def queue_holders(self, pool: str, queue: str) -> Mapping[str, Holder]:
-        return self.by_queue.get((pool, queue), {})
+        return self.by_queue.get(pool, {}).get(queue, {})
 
     def queue_classes(self, pool: str, queue: str) -> Iterable[PriorityClass]:
         """The priority classes of ``queue``'s holders in ``pool``."""
@@ -277,8 +279,6 @@ class CycleState:
         self.holders[holder.id] = holder
         self.by_pool.setdefault(holder.pool, {})[holder.id] = holder
         self._index(holder)
-        if holder.end_bound is not None:
-            self._bump(self.known_end, holder.pool)
         self.placer.allocate(holder.placements, holder.side)
         if holder.queue in self.cluster.queues and holder.pool in self.by_pool:
             self.quota.add(
@@ -290,8 +290,6 @@ class CycleState:
         del self.holders[holder.id]
         del self.by_pool[holder.pool][holder.id]
         self._unindex(holder)
-        if holder.end_bound is not None:
-            self.known_end[holder.pool] -= 1
         self.placer.release(holder.placements, holder.side)
         if holder.queue in self.cluster.queues and holder.pool in self.by_pool:
             self.quota.remove(

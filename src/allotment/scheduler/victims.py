@@ -112,7 +112,7 @@ def _others(
         return []
     out: list[Candidate] = []
     if reclaim:
-        for queue, group in state.pool_queues.get(pool, {}).items():
+        for queue, group in state.by_queue.get(pool, {}).items():
             if queue == leaf.name or not group:
                 continue
             takes = borrowing(queue)
