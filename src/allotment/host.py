@@ -8,13 +8,15 @@ proxy's :class:`ServiceTraffic`. In a process of its own (``allot up
 --scheduler-process``), :func:`main` builds those parts itself on the same store and
 listens for the API's messages (:mod:`allotment.control.wake`): a write wakes the loop,
 a new stored configuration is taken, the proxy's request counts reach the service
-controller. The API process learns the port and secret from the first line this process
-prints, and this process ends when its standard input closes (the API process is gone)
-or reads ``stop``.
+controller; and it tells the API's process of each alert it raises, for webhook delivery.
+The API process learns the port and secret from the first line this process prints, and
+gives its own on this process's standard input (:func:`follow_commands`); this process
+ends when that input closes (the API process is gone) or reads ``stop``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -25,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,6 +165,12 @@ class SchedulerHost:
                 load_cluster_text(stored.text, source="the stored cluster configuration")
             )
 
+    def _alerted(self) -> None:
+        """An alert was raised: tell whoever delivers webhooks (set at any time)."""
+        on_alert = self.on_alert
+        if on_alert is not None:
+            on_alert()
+
     def _make_runner(self) -> LoopRunner:
         """A loop on the newest stored cluster, for one term as leader."""
         self.take_stored_cluster()
@@ -194,7 +202,7 @@ class SchedulerHost:
             lock=runner.lock,
             base=settings.base,
         )
-        upkeep = leader_upkeep(keeper, on_alert=self.on_alert)
+        upkeep = leader_upkeep(keeper, on_alert=self._alerted)
         runner.steps.extend(upkeep.steps)
         runner.companions.append(upkeep.housekeeper)
         runner.companions.append(
@@ -261,11 +269,21 @@ class SchedulerProcess:
     nodes every ``reconcile_every_s`` (the loop does so in its own process), so that the
     API shows the nodes' health too."""
 
-    def __init__(self, settings: HostSettings, state: ClusterState, executor: Executor) -> None:
+    def __init__(
+        self,
+        settings: HostSettings,
+        state: ClusterState,
+        executor: Executor,
+        *,
+        on_alert: Callable[[], None] | None = None,
+    ) -> None:
         self.settings = settings
         self.state = state
         self.executor = executor
         self.traffic = ForwardedTraffic()
+        self._alerts: WakeListener | None = None
+        if on_alert is not None:
+            self._alerts = WakeListener(lambda kind, words: on_alert() if kind == "alert" else None)
         self.process: subprocess.Popen[bytes] | None = None
         self.leading = False
         """Whether it led when it last started (another server may hold the lock)."""
@@ -283,6 +301,8 @@ class SchedulerProcess:
 
     def start(self) -> None:
         """Start it and wait until it listens; raises :class:`SchedulerNotStarted`."""
+        if self._alerts is not None:
+            self._alerts.start()
         self._spawn()
         self._watch.start()
 
@@ -302,6 +322,8 @@ class SchedulerProcess:
         if self._watch.is_alive():
             self._watch.join(timeout=10)
         self._end()
+        if self._alerts is not None:
+            self._alerts.stop()
 
     def _spawn(self) -> None:
         process = self.process = subprocess.Popen(
@@ -322,6 +344,18 @@ class SchedulerProcess:
         self._sender = WakeSender(int(words[0]), words[1])
         self.leading = words[2] == "leading"
         self.traffic.sender = self._sender
+        if self._alerts is not None:
+            # Down the pipe, not on its command line, where other users could read it.
+            self._command(f"alerts {self._alerts.port} {self._alerts.secret}")
+
+    def _command(self, line: str) -> None:
+        process = self.process
+        try:
+            assert process is not None and process.stdin is not None
+            process.stdin.write(f"{line}\n".encode())
+            process.stdin.flush()
+        except OSError:  # it has ended: the watch starts it again
+            pass
 
     def _end(self) -> None:
         self.traffic.sender = None
@@ -331,9 +365,9 @@ class SchedulerProcess:
         process = self.process
         if process is None or process.poll() is not None:
             return
+        self._command("stop")
         try:
             assert process.stdin is not None
-            process.stdin.write(b"stop\n")
             process.stdin.close()
         except OSError:
             pass
@@ -379,6 +413,18 @@ def _handler(host: SchedulerHost) -> Callable[[str, list[str]], None]:
             host.traffic.level(words[0], int(words[1]))
 
     return handle
+
+
+def follow_commands(host: SchedulerHost, lines: Iterable[str]) -> None:
+    """The API process's commands, one per line of the scheduler process's standard
+    input, until ``stop`` or its end: ``alerts PORT SECRET`` says where to tell it that
+    an alert was raised (its webhook delivery runs there), as an ``alert`` message."""
+    for line in lines:
+        words = line.split()
+        if words == ["stop"]:
+            return
+        if len(words) == 3 and words[0] == "alerts" and words[1].isdigit():
+            host.on_alert = functools.partial(WakeSender(int(words[1]), words[2]).send, "alert")
 
 
 def _exit(signum: int, frame: object) -> None:
@@ -431,9 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         # that could fill up.
         os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
         try:
-            for line in sys.stdin:
-                if line.strip() == "stop":
-                    break
+            follow_commands(host, sys.stdin)
         finally:
             host.stop()
             listener.stop()

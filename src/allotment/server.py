@@ -107,7 +107,8 @@ class ServerOptions:
     and the rate limit); empty: the header is never believed."""
     scheduler_process: bool = False
     """Run the scheduler's side (leader election, control loop, upkeep, service
-    controller) in a process of its own, off the API's interpreter lock."""
+    controller) in a process of its own, off the API's interpreter lock (``allot up``
+    does unless told otherwise where :func:`spare_core` says so)."""
 
     @property
     def database_url(self) -> str:
@@ -117,6 +118,16 @@ class ServerOptions:
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
+
+
+def spare_core() -> bool:
+    """Whether this process may run on two cores or more: then ``allot up`` puts the
+    scheduler in a process of its own by default (on one core it would only add one)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cores = os.cpu_count() or 1
+    return cores >= 2
 
 
 class StartupError(Exception):
@@ -238,7 +249,9 @@ class Server:
         )
         wake: Callable[[], None]
         if options.scheduler_process:
-            self.scheduler = SchedulerProcess(settings, self.state, self.executor)
+            self.scheduler = SchedulerProcess(
+                settings, self.state, self.executor, on_alert=self.webhooks.wake
+            )
             wake, self.traffic = self.scheduler.wake, self.scheduler.traffic
         else:
             self.host = SchedulerHost(
@@ -444,4 +457,5 @@ __all__ = [
     "default_data_dir",
     "describe",
     "local_cluster_text",
+    "spare_core",
 ]

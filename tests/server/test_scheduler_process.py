@@ -3,14 +3,18 @@ upkeep) in a process of its own on the same store, woken by the API's messages."
 
 from __future__ import annotations
 
+import os
 import signal
 import time
+from types import SimpleNamespace
 
 import psutil
+import pytest
 
 from allotment.control.services import ServiceTraffic
 from allotment.control.wake import WakeListener, WakeSender
-from allotment.host import ForwardedTraffic
+from allotment.host import ForwardedTraffic, follow_commands
+from allotment.server import spare_core
 from tests.server.conftest import EXAMPLES, Up
 from tests.server.test_up import JOB, wait_state
 
@@ -61,6 +65,44 @@ def test_a_submission_wakes_the_scheduler_in_its_own_process(up: Up) -> None:
     assert gone(pid)
 
 
+def test_the_scheduler_runs_in_a_process_of_its_own_by_default_where_cores_allow(
+    up: Up,
+) -> None:
+    """No flag: a process of its own where ``allot up`` may use two cores or more, else
+    a thread beside the API; ``--scheduler-thread`` keeps it beside the API anyway."""
+    up.start("-f", str(EXAMPLES / "cluster-local.yaml"))
+    with up.client() as client:
+        job = client.submit(JOB)
+    assert wait_state(up, job["id"], {"succeeded", "failed"}) == "succeeded"
+    if spare_core():
+        pid = scheduler_pid(up)
+        status, err = up.stop()
+        assert f"scheduler: running in a process of its own (pid {pid})" in err
+        assert gone(pid)
+    else:
+        status, err = up.stop()
+        assert "scheduler: running here" in err
+    assert status in (0, -signal.SIGTERM) and "Traceback" not in err
+
+    up.start("--scheduler-thread")
+    assert up.process is not None
+    assert not [c for c in psutil.Process(up.process.pid).children() if _is_scheduler(c)]
+    with up.client() as client:
+        job = client.submit(JOB)
+    assert wait_state(up, job["id"], {"succeeded", "failed"}) == "succeeded"
+    status, err = up.stop()
+    assert "scheduler: running here" in err and "Traceback" not in err
+
+
+def test_spare_core_follows_the_cores_this_process_may_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert not spare_core()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 3}, raising=False)
+    assert spare_core()
+
+
 def test_a_configuration_applied_through_the_api_reaches_the_scheduler_process(
     up: Up,
 ) -> None:
@@ -98,6 +140,28 @@ def test_messages_without_the_listeners_secret_are_ignored() -> None:
             time.sleep(0.01)
         time.sleep(0.1)
         assert got == [("begin", ["svc-1"])]
+    finally:
+        listener.stop()
+
+
+def test_the_scheduler_process_tells_the_api_process_of_each_alert_at_once() -> None:
+    """Its standard input says where (``alerts PORT SECRET``); each alert its upkeep
+    raises is then an ``alert`` message there, which wakes webhook delivery."""
+    woken: list[str] = []
+    listener = WakeListener(lambda kind, words: woken.append(kind))
+    listener.start()
+    try:
+        host = SimpleNamespace(on_alert=None)
+        follow_commands(
+            host,  # type: ignore[arg-type]
+            iter([f"alerts {listener.port} {listener.secret}\n", "stop\n", "alerts 1 x\n"]),
+        )
+        assert host.on_alert is not None  # and the line after "stop" was not read
+        host.on_alert()
+        deadline = time.monotonic() + 5
+        while not woken and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert woken == ["alert"]
     finally:
         listener.stop()
 

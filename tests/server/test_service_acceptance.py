@@ -212,7 +212,9 @@ def test_a_crashing_service_ends_in_crash_loop_and_its_endpoint_says_why(up: Up)
 
 
 @pytest.mark.parametrize(
-    "extra", [(), ("--scheduler-process",)], ids=["one-process", "scheduler-process"]
+    "extra",
+    [("--scheduler-thread",), ("--scheduler-process",)],
+    ids=["one-process", "scheduler-process"],
 )
 def test_autoscaling_follows_the_load_within_quota_and_a_scale_up_that_does_not_fit_waits(
     up: Up, extra: tuple[str, ...]

@@ -48,13 +48,15 @@ def up(
         ),
     ] = 30.0,
     scheduler_process: Annotated[
-        bool,
+        bool | None,
         typer.Option(
-            "--scheduler-process",
+            "--scheduler-process/--scheduler-thread",
             help="Run the scheduler (control loop, upkeep) in a process of its own, off "
-            "the API's interpreter lock: more throughput on a machine with spare cores.",
+            "the API's interpreter lock, or on a thread of the API's process (default: "
+            "a process of its own where this process may use two cores or more).",
+            show_default=False,
         ),
-    ] = False,
+    ] = None,
     trusted_proxy: Annotated[
         list[str] | None,
         typer.Option(
@@ -65,7 +67,14 @@ def up(
     ] = None,
 ) -> None:
     """Start Allotment on this machine and serve until Ctrl-C (jobs keep running)."""
-    from allotment.server import Server, ServerOptions, StartupError, default_data_dir, describe
+    from allotment.server import (
+        Server,
+        ServerOptions,
+        StartupError,
+        default_data_dir,
+        describe,
+        spare_core,
+    )
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     options = ServerOptions(
@@ -78,7 +87,7 @@ def up(
         stop_grace_s=stop_grace,
         reconcile_every_s=reconcile_every,
         trusted_proxies=tuple(trusted_proxy or ()),
-        scheduler_process=scheduler_process,
+        scheduler_process=spare_core() if scheduler_process is None else scheduler_process,
     )
     server = Server(options)
     try:

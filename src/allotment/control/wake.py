@@ -12,6 +12,12 @@ process's datagram is ignored), the second the message's kind:
 - ``begin SERVICE`` / ``end SERVICE``: the proxy took a request for a service / answered
   it; ``level SERVICE N``: it has N in flight now (sent every second, so that a lost
   message is corrected).
+
+The other way, to a listener of the API process whose port and secret the scheduler
+process reads on its standard input:
+
+- ``alert``: an alert was raised; deliver its webhooks now (delivery also looks every
+  second, so a lost message only delays it).
 """
 
 from __future__ import annotations
