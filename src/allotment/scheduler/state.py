@@ -246,10 +246,6 @@ class CycleState:
     def queue_holders(self, pool: str, queue: str) -> Mapping[str, Holder]:
         return self.by_queue.get(pool, {}).get(queue, {})
 
-    def queue_classes(self, pool: str, queue: str) -> Iterable[PriorityClass]:
-        """The priority classes of ``queue``'s holders in ``pool``."""
-        return (klass for klass, _ in self.classes.get((pool, queue), {}).values())
-
     def side(self, queue: str, pool: str) -> int | None:
         """Whether ``queue``'s jobs are the pool's own (``OWNER``: the queue is guaranteed
         GPUs there) or borrowers reclaim may evict (``GUEST``); None where nobody is a

@@ -74,20 +74,26 @@ def _own(state: CycleState, leaf: Queue, pool: str, job_class: PriorityClass) ->
     """The queue's own jobs in ``pool`` that ``preemption.within_queue`` gives up: of a
     lower priority (``lower_priority``) or not higher (``any``), and borrow-only ones."""
     mode = leaf.spec.preemption.within_queue
-    if mode == "never" or not state.classes.get((pool, leaf.name)):
+    held = state.classes.get((pool, leaf.name))
+    if mode == "never" or not held:
         return []  # nothing of its own may be taken, or it holds nothing there
-    value, any_mode = job_class.value, mode == "any"
+    # Below this class value a job of its own may be taken (``any``: also at it).
+    value = job_class.value + (mode == "any")
+    takes_borrow_only = not job_class.borrow_only
+    # By class first: most of a queue's jobs are of its own class, which it may not take.
+    if not any(
+        klass.value < value or (klass.borrow_only and takes_borrow_only)
+        for klass, _ in held.values()
+    ):
+        return []
 
     def cause(klass: PriorityClass) -> str | None:
-        if klass.borrow_only and not job_class.borrow_only:
+        if klass.borrow_only and takes_borrow_only:
             return "borrow_only"
-        if klass.value < value or (any_mode and klass.value == value):
+        if klass.value < value:
             return "within_queue"
         return None
 
-    # By class first: most of a queue's jobs are of its own class, which it may not take.
-    if all(cause(klass) is None for klass in state.queue_classes(pool, leaf.name)):
-        return []
     out: list[Candidate] = []
     for holder in state.queue_holders(pool, leaf.name).values():
         found = cause(holder.klass)

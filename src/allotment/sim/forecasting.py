@@ -44,8 +44,10 @@ class StartForecaster:
 
     def learn(self, queue: str, gpus: int, runtime: float, *, limit: float | None = None) -> None:
         """A job of ``queue`` holding ``gpus`` milli-GPUs ran ``runtime`` replay seconds,
-        under its declared ``limit`` (``max_runtime``) if it had one."""
-        self.history.record(queue, gpus, runtime, limit=limit)
+        under its declared ``limit`` (``max_runtime``) if it had one. Nothing when no
+        job is sampled (``every`` 0): no forecast will read it."""
+        if self.every:
+            self.history.record(queue, gpus, runtime, limit=limit)
 
     def predict(
         self,
