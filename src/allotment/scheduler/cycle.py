@@ -409,11 +409,11 @@ class _Cycle:
                 state.verdicts.clear()  # memory stays bounded
             verdicts = state.verdicts.setdefault((queue.name, klass.value, shape), {})
         known: dict[str, list[Any]] = {}
-        changed = state.changed
+        changed, touched, verdict_of = state.changed, self.touched, verdicts.get
         for pool in pools:
-            mine = reuse and pool not in self.touched
+            mine = reuse and pool not in touched
             if mine:
-                verdict = verdicts.get(pool)
+                verdict = verdict_of(pool)
                 if verdict is not None and verdict[0] == changed.get(pool, 0):
                     reasons.append(verdict[1])
                     known[pool] = verdict
@@ -432,7 +432,8 @@ class _Cycle:
                     continue  # its victim search failed and the pool has not changed
                 # The world only fills up during a cycle: a search that failed fails again
                 # for the same queue, class and shape.
-                tried = (queue.name, pool, klass.value, shape, self._claimed(pool, claims))
+                claimed = None if claims is None else self._claimed(pool, claims)
+                tried = (queue.name, pool, klass.value, shape, claimed)
                 if tried in self.no_victims:
                     continue
                 failed_at = state.no_victims.get(tried)
@@ -482,11 +483,9 @@ class _Cycle:
                 self.reach.ripe_at = ripe if current is None else min(current, ripe)
         return Outcome.CAPACITY, reason
 
-    def _claimed(self, pool: str, claims: Claims | None) -> frozenset[object] | None:
+    def _claimed(self, pool: str, claims: Claims) -> frozenset[object]:
         """What ``claims`` hold on ``pool``'s nodes, hashable: a victim search that
         failed leaving the same claims free fails again until the pool changes."""
-        if claims is None:
-            return None
         key = (pool, len(self.reservations.items), id(claims))
         known = self.claimed.get(key)
         if known is None:

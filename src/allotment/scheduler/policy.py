@@ -251,7 +251,7 @@ class BorrowingQuota:
         rest = [p for p in pools if p not in own]
         if len(rest) < 2:
             return pools
-        rest.sort(key=lambda p: -placer.free_gpus(p))
+        rest.sort(key=placer.free_gpus, reverse=True)  # stable: ties keep their order
         return [p for p in pools if p in own] + rest
 
     def borrows(self, quota: QuotaTree, queue: str, job: PendingJob, pools: Iterable[str]) -> bool:
