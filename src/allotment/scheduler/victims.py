@@ -70,6 +70,17 @@ def _may_be_victim(holder: Holder) -> bool:
     return preemptible and not holder.terminating and not holder.fresh
 
 
+def _own_cause(klass: PriorityClass, below: int, borrow_only: bool) -> str | None:
+    """Why a job of the preemptor's own queue, of ``klass``, may be taken: its class is
+    ``borrow_only`` (when the preemptor's may take such: ``borrow_only``), or its value is
+    under ``below``; None if it may not."""
+    if klass.borrow_only and borrow_only:
+        return "borrow_only"
+    if klass.value < below:
+        return "within_queue"
+    return None
+
+
 def _own(state: CycleState, leaf: Queue, pool: str, job_class: PriorityClass) -> list[Candidate]:
     """The queue's own jobs in ``pool`` that ``preemption.within_queue`` gives up: of a
     lower priority (``lower_priority``) or not higher (``any``), and borrow-only ones."""
@@ -77,26 +88,14 @@ def _own(state: CycleState, leaf: Queue, pool: str, job_class: PriorityClass) ->
     held = state.classes.get((pool, leaf.name))
     if mode == "never" or not held:
         return []  # nothing of its own may be taken, or it holds nothing there
-    # Below this class value a job of its own may be taken (``any``: also at it).
-    value = job_class.value + (mode == "any")
-    takes_borrow_only = not job_class.borrow_only
+    below = job_class.value + (mode == "any")  # ``any``: its own class too
+    takes = not job_class.borrow_only
     # By class first: most of a queue's jobs are of its own class, which it may not take.
-    if not any(
-        klass.value < value or (klass.borrow_only and takes_borrow_only)
-        for klass, _ in held.values()
-    ):
+    if all(_own_cause(klass, below, takes) is None for klass, _ in held.values()):
         return []
-
-    def cause(klass: PriorityClass) -> str | None:
-        if klass.borrow_only and takes_borrow_only:
-            return "borrow_only"
-        if klass.value < value:
-            return "within_queue"
-        return None
-
     out: list[Candidate] = []
     for holder in state.queue_holders(pool, leaf.name).values():
-        found = cause(holder.klass)
+        found = _own_cause(holder.klass, below, takes)
         if found is not None and _may_be_victim(holder):
             out.append((holder, found))
     return out
