@@ -69,12 +69,6 @@ class Reservations:
         return self.merged
 
 
-def may_plan(state: CycleState, pool: str) -> bool:
-    """Whether some running job of ``pool`` has a known end: else no reservation there
-    can have a start (:func:`plan_reservation` gives None)."""
-    return bool(state.known_end.get(pool))
-
-
 def plan_reservation(state: CycleState, job: PendingJob, pool: str) -> Reservation | None:
     """When and where ``job`` could start in ``pool`` as running jobs end (expected,
     else maximum, end first); None if it cannot be found within the look-ahead bounds,
@@ -82,6 +76,8 @@ def plan_reservation(state: CycleState, job: PendingJob, pool: str) -> Reservati
 
     Within a cycle the answer depends only on the pool's running jobs and the job's
     shape: it is worked out once per shape until the pool changes."""
+    if not state.known_end.get(pool):
+        return None  # no running job there has a known end (a trace with no run times)
     version = state.placer.version(pool)
     key = ("reservation", pool, version, job.shape())
     if key in state.cycle_cache:
@@ -105,9 +101,7 @@ def _ending_order(state: CycleState, pool: str, version: int) -> list[Holder]:
     key = ("ending", pool, version)
     order: list[Holder] | None = state.cycle_cache.get(key)
     if order is None:
-        # Where no running job has a known end (a trace with no run times), none is looked at.
-        running = state.by_pool.get(pool, {}) if may_plan(state, pool) else {}
-        order = [h for h in running.values() if h.end_bound is not None]
+        order = [h for h in state.by_pool.get(pool, {}).values() if h.end_bound is not None]
         order.sort(key=_ending_key)
         state.cycle_cache[key] = order
     return order

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Protocol
 from allotment.domain.cluster import Queue
 from allotment.domain.reasons import Reason, ReasonCode
 from allotment.domain.resources import GPU, format_quantity
-from allotment.scheduler.backfill import Reservation, may_plan, plan_reservation
+from allotment.scheduler.backfill import Reservation, plan_reservation
 from allotment.scheduler.lines import Outcome
 from allotment.scheduler.ordering import QueueKey
 from allotment.scheduler.placement import GUEST, OWNER, Placer
@@ -321,9 +321,7 @@ class Backfill:
         total = job.total()
         named = state.quota.named_pools(queue)
         for pool in pools:
-            if pool not in named or not may_plan(state, pool):
-                continue  # a borrower there, or no start can be known there
-            if not state.quota.within_nominal(queue, pool, total):
+            if pool not in named or not state.quota.within_nominal(queue, pool, total):
                 continue  # a borrower, whom reclaim may evict at once: hold nothing idle
             check = state.quota.check(queue, pool, total)
             if not check.fits and check.blocking_queue != ROOT:
