@@ -26,5 +26,5 @@ up: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/ruff format --check $(LINT_PATHS)
-	$(BIN)/mypy --strict src/allotment/domain src/allotment/scheduler src/allotment/sim src/allotment/cli src/allotment/executors src/allotment/store src/allotment/control src/allotment/api src/allotment/web src/allotment/telemetry src/allotment/upkeep src/allotment/accounting src/allotment/client.py src/allotment/clientconfig.py src/allotment/server.py src/allotment/host.py
+	$(BIN)/mypy --strict src/allotment/domain src/allotment/scheduler src/allotment/sim src/allotment/cli src/allotment/executors src/allotment/store src/allotment/control src/allotment/api src/allotment/web src/allotment/telemetry src/allotment/upkeep src/allotment/accounting src/allotment/client.py src/allotment/clientconfig.py src/allotment/server.py src/allotment/host.py src/allotment/api_processes.py
 	$(BIN)/python -m pytest; status=$$?; if [ $$status -eq 5 ]; then exit 0; fi; exit $$status

@@ -38,9 +38,18 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from allotment.api.app import create_app
-from allotment.api.auth import AdminDigest, FirstOf, StoreTokens, token_digest
+from allotment.api.auth import StoreTokens, token_digest
 from allotment.api.ratelimit import SERVER_DEFAULT, RateLimit
+from allotment.api_processes import (
+    COUNTERS_FILE,
+    SETTINGS_ENV,
+    ApiProcessSettings,
+    Relay,
+    SharedCounters,
+    StoredClusterState,
+    api_app,
+    stored_cluster,
+)
 from allotment.clientconfig import read_client_config, write_client_config
 from allotment.control.cluster_state import ClusterState
 from allotment.control.loop import DEFAULT_STOP_GRACE_S
@@ -109,6 +118,9 @@ class ServerOptions:
     """Run the scheduler's side (leader election, control loop, upkeep, service
     controller) in a process of its own, off the API's interpreter lock (``allot up``
     does unless told otherwise where :func:`spare_core` says so)."""
+    api_processes: int = 1
+    """Processes serving the API on the one port (see :mod:`allotment.api_processes`);
+    1: this process serves it."""
 
     @property
     def database_url(self) -> str:
@@ -211,6 +223,10 @@ class Server:
         self.traffic = ServiceTraffic()
         """Requests in flight per service: counted by the proxy, read by the leader's
         service controller."""
+        self.counters: SharedCounters | None = None
+        """With several API processes: the counters they share with this one."""
+        self.relay: Relay | None = None
+        """With several API processes: where their messages arrive."""
 
     # ------------------------------------------------------------------ build
 
@@ -236,8 +252,19 @@ class Server:
             self.executor = make_executor(options.data_dir, cluster)
         except ExecutorNotReady as exc:
             raise StartupError(str(exc)) from exc
-        self.state = ClusterState(cluster, nodes_of=self.executor.nodes)
-        self.state.apply(cluster)  # on the executor's nodes where it reports them
+        if options.api_processes > 1:
+            # Others apply configurations too: each read looks whether one did.
+            self.counters = SharedCounters(options.data_dir / COUNTERS_FILE)
+            sessions = self.sessions
+            self.state = StoredClusterState(
+                cluster,
+                nodes_of=self.executor.nodes,
+                counters=self.counters,
+                load=lambda: stored_cluster(sessions),
+            )
+        else:
+            self.state = ClusterState(cluster, nodes_of=self.executor.nodes)
+            self.state.apply(cluster)  # on the executor's nodes where it reports them
         self.webhooks = server_upkeep(self.state.current, self.sessions, clock=self.clock)
         settings = HostSettings(
             data_dir=options.data_dir,
@@ -266,24 +293,28 @@ class Server:
             )
             wake = self.host.wake
         self.token = self._admin_token()
-        self.app = create_app(
-            cluster=self.state,
-            store_sessions=self.sessions,
-            clock=self.clock,
-            authenticator=FirstOf(
-                [
-                    AdminDigest(token_digest(self.token), user=local_user()),
-                    StoreTokens(self.sessions, clock=self.clock),
-                ]
-            ),
-            after_write=wake,
-            work_root=self.work_root,
-            rate_limit=options.rate_limit,
-            images=self.executor.images,
-            enforcement=self.executor.enforcement,
-            traffic=self.traffic,
-        )
-        self.app.state.on_cluster_change = self._cluster_changed
+        if options.api_processes > 1:
+            self.relay = Relay(
+                wake=wake,
+                cluster_changed=self._cluster_changed,
+                traffic=lambda: self.traffic,
+            )
+            self.relay.listener.start()
+        else:
+            self.app = api_app(
+                state=self.state,
+                sessions=self.sessions,
+                tokens=StoreTokens(self.sessions, clock=self.clock),
+                admin_digest=token_digest(self.token),
+                admin_user=local_user(),
+                after_write=wake,
+                work_root=self.work_root,
+                rate_limit=options.rate_limit,
+                executor=self.executor,
+                traffic=self.traffic,
+                clock=self.clock,
+            )
+            self.app.state.on_cluster_change = lambda _cluster: self._cluster_changed()
         self.webhooks.start()
         if self.scheduler is not None:
             try:
@@ -341,9 +372,9 @@ class Server:
         self.config_path = write_client_config(options.url, token, options.client_config)
         return token
 
-    def _cluster_changed(self, cluster: Cluster) -> None:
-        """A new configuration was applied (the API put it in :attr:`state` and the
-        store): the leader's loop takes it at the start of its next turn, woken now (in
+    def _cluster_changed(self) -> None:
+        """A new configuration was applied (the API put it in the store and its cluster
+        state): the leader's loop takes it at the start of its next turn, woken now (in
         a process of its own, it reads the stored one)."""
         if self.scheduler is not None:
             self.scheduler.cluster_changed()
@@ -354,20 +385,58 @@ class Server:
 
     def run(self) -> None:
         """Serve until SIGINT or SIGTERM; blocks. Call :meth:`open` first."""
-        assert self.app is not None
-        config = uvicorn.Config(
-            self.app,
-            host=self.options.host,
-            port=self.options.port,
-            log_level="warning",
-            access_log=False,
-            # uvicorn believes X-Forwarded-For from 127.0.0.1 by default: any local
-            # client could then pick the address it is audited and rate-limited as.
-            proxy_headers=bool(self.options.trusted_proxies),
-            forwarded_allow_ips=",".join(self.options.trusted_proxies) or None,
-        )
+        options = self.options
+        served: FastAPI | str
+        if options.api_processes > 1:
+            # uvicorn's supervisor: binds the port, starts the API processes (each
+            # builds its app from the settings file) and starts again one that ends.
+            assert self.relay is not None and self.token is not None
+            limit = options.rate_limit
+            settings = ApiProcessSettings(
+                data_dir=options.data_dir,
+                database_url=options.database_url,
+                admin_digest=token_digest(self.token),
+                admin_user=local_user(),
+                relay_port=self.relay.listener.port,
+                relay_secret=self.relay.listener.secret,
+                per_second=None if limit is None else limit.per_second,
+                burst=1 if limit is None else limit.burst,
+                reconcile_every_s=options.reconcile_every_s,
+                server_pid=os.getpid(),
+            )
+            os.environ[SETTINGS_ENV] = str(settings.write())
+            served = "allotment.api_processes:app_from_environment"
+        else:
+            assert self.app is not None
+            served = self.app
+        # uvicorn believes X-Forwarded-For from 127.0.0.1 by default: any local client
+        # could then pick the address it is audited and rate-limited as.
+        proxy_headers = bool(options.trusted_proxies)
+        forwarded_allow_ips = ",".join(options.trusted_proxies) or None
         try:
-            uvicorn.Server(config).run()
+            if isinstance(served, str):
+                uvicorn.run(
+                    served,
+                    factory=True,
+                    workers=options.api_processes,
+                    host=options.host,
+                    port=options.port,
+                    log_level="warning",
+                    access_log=False,
+                    proxy_headers=proxy_headers,
+                    forwarded_allow_ips=forwarded_allow_ips,
+                )
+            else:
+                config = uvicorn.Config(
+                    served,
+                    host=options.host,
+                    port=options.port,
+                    log_level="warning",
+                    access_log=False,
+                    proxy_headers=proxy_headers,
+                    forwarded_allow_ips=forwarded_allow_ips,
+                )
+                uvicorn.Server(config).run()
         finally:
             self.close()
 
@@ -383,6 +452,8 @@ class Server:
             self.scheduler.stop()
         if self.host is not None:
             self.host.stop()
+        if self.relay is not None:
+            self.relay.listener.stop()
         if self.webhooks is not None:
             self.webhooks.stop(timeout=2.0)  # a try cut short is made again (its lease expires)
         if self.engine is not None:
@@ -434,6 +505,11 @@ def describe(server: Server) -> list[str]:
         f"  cluster:   {len(cluster.pools)} pool(s), {len(cluster.nodes)} node(s), "
         f"{gpus} GPU(s), {len(cluster.leaves)} leaf queue(s)",
         f"  executor:  {_executor_line(cluster)}",
+        *(
+            [f"  API:       {options.api_processes} processes on port {options.port}"]
+            if options.api_processes > 1
+            else []
+        ),
         *_isolation_lines(server),
         f"  CLI config written to {server.config_path}",
         (

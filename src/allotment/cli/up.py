@@ -57,6 +57,16 @@ def up(
             show_default=False,
         ),
     ] = None,
+    api_processes: Annotated[
+        int,
+        typer.Option(
+            "--api-processes",
+            help="Processes serving the API on the one port, for more requests a second "
+            "than one process can take (the rate limit then applies in each).",
+            min=1,
+            max=64,
+        ),
+    ] = 1,
     trusted_proxy: Annotated[
         list[str] | None,
         typer.Option(
@@ -88,6 +98,7 @@ def up(
         reconcile_every_s=reconcile_every,
         trusted_proxies=tuple(trusted_proxy or ()),
         scheduler_process=spare_core() if scheduler_process is None else scheduler_process,
+        api_processes=api_processes,
     )
     server = Server(options)
     try:
