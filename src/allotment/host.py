@@ -327,11 +327,14 @@ class SchedulerProcess:
 
     def _spawn(self) -> None:
         process = self.process = subprocess.Popen(
-            [sys.executable, "-m", "allotment.host", self.settings.to_json()],
+            [sys.executable, "-m", "allotment.host"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
         assert process.stdout is not None
+        # Its settings down the pipe, never on its command line, where every local user
+        # could read the store's URL (and a password in it).
+        self._command(self.settings.to_json())
         ready, _, _ = select.select([process.stdout], [], [], START_TIMEOUT_S)
         words = process.stdout.readline().decode().split() if ready else []
         if len(words) != 3:
@@ -431,18 +434,21 @@ def _exit(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The scheduler in a process of its own: ``python -m allotment.host
-    SETTINGS_JSON``. Prints ``PORT SECRET leading|following`` once it listens (and
-    leads, if the lock was free), then runs until standard input closes or reads
-    ``stop``."""
-    args = sys.argv[1:] if argv is None else argv
+def main() -> int:
+    """The scheduler in a process of its own: ``python -m allotment.host``, its settings
+    (:class:`HostSettings`, JSON) the first line of its standard input. Prints ``PORT
+    SECRET leading|following`` once it listens (and leads, if the lock was free), then
+    runs until standard input closes or reads ``stop``."""
     # Its lifetime is the API process's: Ctrl-C in a terminal reaches both, and only that
     # one decides; a SIGTERM stops it as "stop" does.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
-    settings = HostSettings.from_json(args[0])
+    first = sys.stdin.readline()
+    if not first.strip():
+        print("no settings on standard input", file=sys.stderr)
+        return 1
+    settings = HostSettings.from_json(first)
     engine = make_engine(settings.database_url)
     try:
         sessions = session_factory(engine)

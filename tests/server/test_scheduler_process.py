@@ -51,6 +51,9 @@ def test_a_submission_wakes_the_scheduler_in_its_own_process(up: Up) -> None:
     """With a 30 s tick, only the API's message can start the job within seconds."""
     up.start("-f", str(EXAMPLES / "cluster-local.yaml"), "--scheduler-process", "--tick", "30")
     pid = scheduler_pid(up)
+    # Its settings came down its standard input: the store's URL (a password, with
+    # PostgreSQL) is not on a command line that every local user can read.
+    assert "allotment.db" not in " ".join(psutil.Process(pid).cmdline())
     time.sleep(1.0)  # the first turns are behind it
     with up.client() as client:
         job = client.submit(JOB)
