@@ -27,8 +27,14 @@ import time
 from pathlib import Path
 
 import httpx
-from bench.bench_kueue import Config, _cycle, cluster_yaml, job_text, submit_all
-from sqlalchemy import func, select
+from bench.bench_kueue import (
+    Config,
+    _cycle,
+    check_stored,
+    cluster_yaml,
+    job_text,
+    submit_all,
+)
 
 from allotment.api.auth import new_token, token_digest
 from allotment.api.serving import free_port
@@ -37,7 +43,6 @@ from allotment.control.wake import WakeListener
 from allotment.store import migrate
 from allotment.store.configs import apply_cluster_config
 from allotment.store.db import make_engine, session_factory
-from allotment.store.models import Job
 
 SERVER = """
 import os, sys, uvicorn
@@ -113,12 +118,7 @@ def run(processes: int, *, jobs: int, clients: int, client_procs: int) -> float:
             finally:
                 server.terminate()
                 server.wait(timeout=30)
-            if errors:
-                raise RuntimeError(f"{len(errors)} submissions failed, first: {errors[0]}")
-            with sessions() as db:
-                stored = db.scalar(select(func.count()).select_from(Job))
-            if stored != jobs or submitted != jobs:
-                raise RuntimeError(f"{jobs} to submit, {submitted} accepted, {stored} stored")
+            check_stored(sessions, jobs=jobs, submitted=submitted, errors=errors)
         finally:
             engine.dispose()
             messages.stop()

@@ -666,13 +666,20 @@ def run_burst(config: Config, *, clients: int, jobs: int) -> float:
                 batch=config.batch,
                 token=token,
             )
-        if errors:
-            raise RuntimeError(f"{len(errors)} submissions failed, first: {errors[0]}")
-        with sessions() as db:
-            stored = db.scalar(select(func.count()).select_from(Job))
-        if stored != jobs or submitted != jobs:
-            raise RuntimeError(f"{jobs} to submit, {submitted} accepted, {stored} stored")
+        check_stored(sessions, jobs=jobs, submitted=submitted, errors=errors)
     return jobs / elapsed
+
+
+def check_stored(
+    sessions: sessionmaker[Session], *, jobs: int, submitted: int, errors: list[str]
+) -> None:
+    """Raise unless every one of ``jobs`` submissions was accepted and stored."""
+    if errors:
+        raise RuntimeError(f"{len(errors)} submissions failed, first: {errors[0]}")
+    with sessions() as db:
+        stored = db.scalar(select(func.count()).select_from(Job))
+    if stored != jobs or submitted != jobs:
+        raise RuntimeError(f"{jobs} to submit, {submitted} accepted, {stored} stored")
 
 
 def _token(sessions: sessionmaker[Session]) -> tuple[str, StoreTokens]:

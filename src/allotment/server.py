@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -409,34 +410,21 @@ class Server:
         else:
             assert self.app is not None
             served = self.app
-        # uvicorn believes X-Forwarded-For from 127.0.0.1 by default: any local client
-        # could then pick the address it is audited and rate-limited as.
-        proxy_headers = bool(options.trusted_proxies)
-        forwarded_allow_ips = ",".join(options.trusted_proxies) or None
+        common: dict[str, Any] = {
+            "host": options.host,
+            "port": options.port,
+            "log_level": "warning",
+            "access_log": False,
+            # uvicorn believes X-Forwarded-For from 127.0.0.1 by default: any local
+            # client could then pick the address it is audited and rate-limited as.
+            "proxy_headers": bool(options.trusted_proxies),
+            "forwarded_allow_ips": ",".join(options.trusted_proxies) or None,
+        }
         try:
             if isinstance(served, str):
-                uvicorn.run(
-                    served,
-                    factory=True,
-                    workers=options.api_processes,
-                    host=options.host,
-                    port=options.port,
-                    log_level="warning",
-                    access_log=False,
-                    proxy_headers=proxy_headers,
-                    forwarded_allow_ips=forwarded_allow_ips,
-                )
+                uvicorn.run(served, factory=True, workers=options.api_processes, **common)
             else:
-                config = uvicorn.Config(
-                    served,
-                    host=options.host,
-                    port=options.port,
-                    log_level="warning",
-                    access_log=False,
-                    proxy_headers=proxy_headers,
-                    forwarded_allow_ips=forwarded_allow_ips,
-                )
-                uvicorn.Server(config).run()
+                uvicorn.Server(uvicorn.Config(served, **common)).run()
         finally:
             self.close()
 
