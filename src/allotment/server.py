@@ -9,7 +9,9 @@ the service controller beside it), woken by every write through the API -- in th
 process, or with ``scheduler_process`` in a process of its own on the same store, woken
 by messages; the webhook deliveries of alerts on a thread of their own (on every server:
 they claim rows with a lease); and the HTTP API with the dashboard, ``/metrics`` and the
-proxy to services and notebooks, served by uvicorn.
+proxy to services and notebooks, served by uvicorn -- in this process, or with
+``api_processes`` above 1 in that many processes of its own on the one port
+(:mod:`allotment.api_processes`).
 
 It writes the local user's client configuration (server URL and an admin token) so that
 the CLI works at once; only the token's digest is kept on the server side. That token
@@ -217,6 +219,7 @@ class Server:
         self.scheduler: SchedulerProcess | None = None
         """The scheduler's process, when it runs in one of its own."""
         self.app: FastAPI | None = None
+        """The API, when this process serves it (not with several API processes)."""
         self.token: str | None = None
         self.config_path: Path | None = None
         self.executor: Executor | None = None
