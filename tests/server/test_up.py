@@ -134,9 +134,12 @@ def test_cluster_from_the_store_when_no_file_is_given(up: Up) -> None:
 
 
 def test_up_on_postgresql(up: Up) -> None:
-    """``--db`` takes a PostgreSQL URL: a database of its own, dropped afterwards."""
+    """``--db`` takes a PostgreSQL URL: a database of its own, dropped afterwards. Given
+    in ``ALLOT_DB`` instead, the URL is on no command line of the server's processes
+    (the scheduler's and two API processes here)."""
     import uuid
 
+    import psutil
     from sqlalchemy import create_engine, text
 
     name = f"allot_up_{uuid.uuid4().hex[:8]}"
@@ -144,15 +147,26 @@ def test_up_on_postgresql(up: Up) -> None:
     with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     try:
-        up.start(
-            "-f",
-            str(EXAMPLES / "cluster-local.yaml"),
-            "--db",
-            f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}",
-        )
+        url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+        up.start("-f", str(EXAMPLES / "cluster-local.yaml"), "--db", url)
         with up.client() as client:
             job = client.submit(JOB)
         assert wait_state(up, job["id"], {"succeeded", "failed"}) == "succeeded"
+        up.stop()
+
+        up.env_overrides["ALLOT_DB"] = url
+        process = up.start("--api-processes", "2", "--scheduler-process")
+        with up.client() as client:
+            job = client.submit(JOB)
+        assert wait_state(up, job["id"], {"succeeded", "failed"}) == "succeeded"
+        server = psutil.Process(process.pid)
+        lines = []
+        for each in [server, *server.children(recursive=True)]:
+            try:
+                lines.append(" ".join(each.cmdline()))
+            except psutil.Error:  # a replica's that has just ended
+                continue
+        assert len(lines) >= 4 and not any(name in line for line in lines), lines
         up.stop()
     finally:
         with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:

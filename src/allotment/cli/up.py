@@ -20,8 +20,10 @@ def up(
         str | None,
         typer.Option(
             "--db",
+            envvar="ALLOT_DB",
             help="Store URL, e.g. postgresql+psycopg://user@127.0.0.1/allotment "
-            "(default: SQLite in the data directory).",
+            "(default: SQLite in the data directory). ALLOT_DB keeps a password in it "
+            "off the command line, where other local users could read it.",
         ),
     ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
