@@ -141,16 +141,21 @@ class SchedulerHost:
         self.on_alert = on_alert
         self.loop: ControlLoop | None = None
         self.election = LeaderElection(engine, self._make_runner, on_change=_leading)
+        self.listener = WakeListener(_handler(self))
+        """Its messages (see :mod:`allotment.control.wake`): from the API when it runs
+        in a process of its own, and from the executor when a replica ends."""
 
     @property
     def leading(self) -> bool:
         return self.election.leading
 
     def start(self) -> None:
+        self.listener.start()
         self.election.start()
 
     def stop(self) -> None:
         self.election.stop()
+        self.listener.stop()
 
     def wake(self) -> None:
         """Run a turn now, if this host leads. Never blocks."""
@@ -180,6 +185,9 @@ class SchedulerHost:
         term = take_term(self.sessions, holder=_holder(), at=self.clock())
         fenced = fence(session_factory(self.engine), term)
         log.info("leading under term %d", term)
+        # A replica's end wakes this leader at once (its devices are free for the next
+        # job), rather than at the loop's next tick.
+        self.executor.wake_on_end(self.listener.port, self.listener.secret)
         self.loop = ControlLoop(
             self.state,
             fenced,
@@ -473,11 +481,9 @@ def main() -> int:
             executor=executor,
             traffic=ServiceTraffic(),
         )
-        listener = WakeListener(_handler(host))
-        listener.start()
         host.start()
         leading = "leading" if host.leading else "following"
-        print(f"{listener.port} {listener.secret} {leading}", flush=True)
+        print(f"{host.listener.port} {host.listener.secret} {leading}", flush=True)
         # Nobody reads standard output after that line: whatever else is written there
         # (by this process or one it starts) goes to standard error, never into a pipe
         # that could fill up.
@@ -486,7 +492,6 @@ def main() -> int:
             follow_commands(host, sys.stdin)
         finally:
             host.stop()
-            listener.stop()
         return 0
     finally:
         engine.dispose()

@@ -191,3 +191,28 @@ def test_a_second_server_on_the_same_store_serves_and_takes_over(up: Up) -> None
     assert wait_state(second, later["id"], {"succeeded", "failed"}) == "succeeded"
     _, err = second.stop()
     assert "another server leads" in err and "now runs the scheduler" in err
+
+
+WHOLE_NODE = """name: whole
+queue: default
+replicas: [{count: 1, resources: {gpu: 2, cpu: 1, memory: 1Gi}}]
+command: [sleep, "3"]
+"""
+
+
+@pytest.mark.parametrize("where", ["--scheduler-thread", "--scheduler-process"])
+def test_a_replica_s_end_gives_its_devices_to_the_next_job_at_once(up: Up, where: str) -> None:
+    """With a 30 s tick, only the supervisor's message at the first job's end can start
+    the job waiting for its devices within seconds."""
+    up.start("-f", str(EXAMPLES / "cluster-local.yaml"), where, "--tick", "30")
+    with up.client() as client:
+        first = client.submit(WHOLE_NODE)
+        launched = {"starting", "running"}  # seen running at the loop's next turn
+        assert wait_state(up, first["id"], launched, timeout=15) in launched
+        second = client.submit(JOB)
+        time.sleep(1.0)
+        assert client.get_job(second["id"])["state"] == "pending"  # the node is full
+    assert wait_state(up, first["id"], {"succeeded"}, timeout=15) == "succeeded"
+    ended = time.monotonic()
+    assert wait_state(up, second["id"], {"succeeded", "failed"}, timeout=15) == "succeeded"
+    assert time.monotonic() - ended < 10  # not the 30 s tick

@@ -13,6 +13,15 @@ process's datagram is ignored), the second the message's kind:
   it; ``level SERVICE N``: it has N in flight now (sent every second, so that a lost
   message is corrected).
 
+With several API processes (``allot up --api-processes N``) each sends these to the
+server's relay instead (``allotment.api_processes``), ``begin``, ``end`` and ``level``
+with the sending process's id as their last word, and the relay hands them on.
+
+The local executor's supervisors send ``wake`` too, when their replica ends, to the
+leading scheduler (its listener's port and secret are in the executor's state
+directory; see ``LocalExecutor.wake_on_end``), whether it runs in a process of its own
+or not.
+
 The other way, to a listener of the API process whose port and secret the scheduler
 process reads on its standard input:
 

@@ -69,9 +69,13 @@ from allotment.executors.supervisor import (
     STOP_FILE,
     read_json,
     write_json_atomic,
+    write_text_private,
 )
 
 LAUNCH_FILE = "launch.json"
+WAKE_FILE = "wake"
+"""In the state root: ``PORT SECRET`` of the leading scheduler's listener, which every
+supervisor tells when its replica ends (:meth:`LocalExecutor.wake_on_end`)."""
 LOCK_FILE = "supervisor.lock"
 ENV_FILE = "container.env"
 LOOPBACK = "127.0.0.1"
@@ -190,6 +194,11 @@ class LocalExecutor(Executor):
         self._cpu_seen: dict[ReplicaKey, tuple[float, float]] = {}
         """CPU seconds of each replica's processes at the last :meth:`usage`, and when."""
 
+    def wake_on_end(self, port: int, secret: str) -> None:
+        """Every supervisor, its replica ended, sends ``wake`` to ``port`` (read from
+        :data:`WAKE_FILE` then, so replicas started by an earlier leader tell this one)."""
+        write_text_private(self.state_root / WAKE_FILE, f"{port} {secret}\n")
+
     def replica_dir(self, key: ReplicaKey) -> Path:
         """The directory holding ``key``'s files."""
         return (
@@ -253,6 +262,7 @@ class LocalExecutor(Executor):
             "memory_bytes": request.memory_bytes,
             "max_runtime": request.max_runtime,
             "timeout_grace_s": request.timeout_grace_s,
+            "wake_file": str(self.state_root / WAKE_FILE),
         }
         if container is not None:
             spec["container"] = container

@@ -47,6 +47,7 @@ import json
 import os
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -74,6 +75,32 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     tmp.replace(path)
+
+
+def write_text_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` (mode 0600) through a temporary file and ``os.replace``."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    tmp.replace(path)
+
+
+def tell_ended(wake_file: object) -> None:
+    """Tell the leading scheduler that a replica ended: a ``wake`` datagram (one line,
+    the listener's secret first; see :mod:`allotment.control.wake`) to the port that
+    ``wake_file`` names. Silent when there is none, or nobody listens: the loop's tick
+    finds the end anyway."""
+    if not isinstance(wake_file, str):
+        return
+    try:
+        words = Path(wake_file).read_text(encoding="utf-8").split()
+        if len(words) != 2 or not words[0].isdigit():
+            return
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.sendto(f"{words[1]} wake".encode(), ("127.0.0.1", int(words[0])))
+    except (OSError, ValueError):
+        return
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -361,6 +388,7 @@ class _Supervisor:
             image_error=image_error,
             **({"detail": detail} if detail else {}),
         )
+        tell_ended(spec.get("wake_file"))
         return 0
 
 
