@@ -117,6 +117,9 @@ class Config:
     """Drain: the control loop runs in a process of its own on the same store, woken by
     the API's messages (as ``allot up --scheduler-process`` runs it), instead of a
     thread of the API's process."""
+    end_wake: bool = True
+    """Drain: each job's end wakes the loop at once (as the local executor's supervisors
+    do in ``allot up``); False: its next tick finds the end."""
 
     @property
     def queues(self) -> list[str]:
@@ -501,11 +504,12 @@ def _loop_process(url: str, config: Config, work: str, stop: Any, out: Any) -> N
     engine = make_engine(url)
     try:
         cluster = load_cluster_text(cluster_yaml(config), source="bench")
-        runner = LoopRunner(
-            _timed_loop(cluster, session_factory(engine), Path(work)), tick_s=config.tick_s
-        )
+        loop = _timed_loop(cluster, session_factory(engine), Path(work))
+        runner = LoopRunner(loop, tick_s=config.tick_s)
         listener = WakeListener(lambda kind, _: runner.wake() if kind == "wake" else None)
         listener.start()
+        if config.end_wake:
+            loop.executor.wake_on_end(listener.port, listener.secret)
         runner.start()
         out.put((listener.port, listener.secret))
         stop.wait()
@@ -564,6 +568,11 @@ def run_drain(config: Config, *, profile: cProfile.Profile | None = None) -> Dra
             runner.start()
             stack.callback(runner.stop)
             wake = runner.wake
+            if config.end_wake:
+                ends = WakeListener(lambda kind, _: runner.wake() if kind == "wake" else None)
+                ends.start()
+                stack.callback(ends.stop)
+                loop.executor.wake_on_end(ends.port, ends.secret)
         app = create_app(
             cluster=cluster, store_sessions=sessions, clock=time.time, after_write=wake
         )
@@ -722,7 +731,8 @@ def report_drain(r: DrainResult, out: Callable[[str], None] = print) -> None:
         f"drain: {c.cohorts} cohorts x {c.queues_per_cohort} queues, {r.jobs} jobs, "
         f"capacity {c.capacity}, work bound {c.work_bound_s:.1f} s, {c.clients} clients "
         f"in {c.client_procs or 'the server'} process(es), batch {c.batch}, tick {c.tick_s} s, "
-        f"loop in {'a process of its own' if c.loop_process else 'a thread of the API'}"
+        f"loop in {'a process of its own' if c.loop_process else 'a thread of the API'}, "
+        f"{'ends told at once' if c.end_wake else 'ends found at the tick'}"
     )
     out(f"  submitted {r.submitted}, states {dict(sorted(r.states.items()))}")
     out(f"  submissions spanned {r.submit_span_s:.1f} s")
@@ -766,6 +776,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="drain: run the control loop in a process of its own on the same store",
     )
+    parser.add_argument(
+        "--no-end-wake",
+        action="store_true",
+        help="drain: a job's end is found at the loop's next tick, not told at once",
+    )
     parser.add_argument("--node-gpus", type=int, default=120)
     parser.add_argument("--db", default=None, help="database URL (default: temporary SQLite)")
     parser.add_argument(
@@ -794,6 +809,7 @@ def main(argv: list[str] | None = None) -> int:
         db_url=args.db,
         tokens=args.tokens,
         loop_process=args.loop_process,
+        end_wake=not args.no_end_wake,
     )
     share = 0.1 if args.quick else args.share
     if share != 1.0:

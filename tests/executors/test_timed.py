@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,27 @@ def test_concurrent_launches_each_count_once() -> None:
         t.join()
     assert ex.launches == 200
     assert len(ex.observe()) == 200
+
+
+def test_told_where_it_sends_wake_as_each_replica_ends() -> None:
+    """As a supervisor does when its replica ends: a ``wake`` message, at the end."""
+    from allotment.control.wake import WakeListener
+
+    woken: list[float] = []
+    listener = WakeListener(
+        lambda kind, _: woken.append(time.monotonic()) if kind == "wake" else None
+    )
+    listener.start()
+    try:
+        ex = TimedExecutor()
+        ex.wake_on_end(listener.port, listener.secret)
+        launched = time.monotonic()
+        ex.launch(request("j-1", runtime="0.3"))
+        ex.launch(request("j-2", runtime="0.6"))
+        deadline = time.monotonic() + 10
+        while len(woken) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(woken) == 2
+        assert woken[0] - launched >= 0.25 and woken[1] - launched >= 0.55
+    finally:
+        listener.stop()

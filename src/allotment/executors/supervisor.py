@@ -86,21 +86,26 @@ def write_text_private(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
+def send_wake(sock: socket.socket, port: int, secret: str) -> None:
+    """A ``wake`` datagram to ``port`` of 127.0.0.1: one line, the listener's secret
+    first (the format of :mod:`allotment.control.wake`, which this package may not
+    import). Lost when nobody listens: the loop's tick finds what it was about."""
+    with contextlib.suppress(OSError):
+        sock.sendto(f"{secret} wake".encode(), ("127.0.0.1", port))
+
+
 def tell_ended(wake_file: object) -> None:
-    """Tell the leading scheduler that a replica ended: a ``wake`` datagram (one line,
-    the listener's secret first; see :mod:`allotment.control.wake`) to the port that
-    ``wake_file`` names. Silent when there is none, or nobody listens: the loop's tick
-    finds the end anyway."""
+    """Tell the leading scheduler that a replica ended: ``wake`` to the port that
+    ``wake_file`` names with its secret. Silent when there is none."""
     if not isinstance(wake_file, str):
         return
     try:
         words = Path(wake_file).read_text(encoding="utf-8").split()
-        if len(words) != 2 or not words[0].isdigit():
-            return
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            sock.sendto(f"{words[1]} wake".encode(), ("127.0.0.1", int(words[0])))
     except (OSError, ValueError):
         return
+    if len(words) == 2 and words[0].isdigit():
+        with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            send_wake(sock, int(words[0]), words[1])
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

@@ -6,12 +6,16 @@ from its launch request's environment, ``ALLOTMENT_SIM_RUNTIME_S`` (seconds, a f
 a job file sets it under ``env``), or is ``default_runtime_s``. It is ``running`` from
 its launch until ``start + runtime``, then ``exited`` with code 0 and ``ended_at =
 start + runtime``. :meth:`TimedExecutor.stop` ends a running replica at once as
-``killed`` by SIGTERM (``stop_requested``). Times come from the injected ``clock``.
+``killed`` by SIGTERM (``stop_requested``). Times come from the injected ``clock``. Told
+where (:meth:`TimedExecutor.wake_on_end`), it sends ``wake`` at each replica's end, as
+the local executor's supervisors do.
 """
 
 from __future__ import annotations
 
+import heapq
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +29,7 @@ from allotment.executors.base import (
     ReplicaPhase,
     ReplicaStatus,
 )
+from allotment.executors.supervisor import send_wake
 
 RUNTIME_ENV = "ALLOTMENT_SIM_RUNTIME_S"
 """Environment variable of a launch request that holds the simulated runtime (seconds)."""
@@ -76,7 +81,10 @@ class TimedExecutor(Executor):
         self.default_runtime_s = default_runtime_s
         self._devices = list(devices)
         self._replicas: dict[ReplicaKey, _Replica] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
+        self._ends: list[float] = []
+        """When replicas end, for :meth:`wake_on_end` (a heap)."""
+        self._wake_to: tuple[int, str] | None = None
         self.launches = 0
         """Replicas launched (repeats of a launch not counted)."""
 
@@ -84,12 +92,36 @@ class TimedExecutor(Executor):
         key = request.key
         with self._lock:
             if key not in self._replicas:
-                self._replicas[key] = _Replica(
+                replica = self._replicas[key] = _Replica(
                     started_at=self.clock(),
                     runtime=runtime_of(request, self.default_runtime_s),
                 )
                 self.launches += 1
+                if self._wake_to is not None:
+                    heapq.heappush(self._ends, replica.started_at + replica.runtime)
+                    self._lock.notify()
         return str(key)
+
+    def wake_on_end(self, port: int, secret: str) -> None:
+        with self._lock:
+            first = self._wake_to is None
+            self._wake_to = (port, secret)
+        if first:
+            threading.Thread(target=self._ending, name="timed-ends", daemon=True).start()
+
+    def _ending(self) -> None:
+        """Send ``wake`` as replicas end (their runtime's end; a stop is seen anyway)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            while True:
+                with self._lock:
+                    while not self._ends or self._ends[0] > self.clock():
+                        wait = None if not self._ends else self._ends[0] - self.clock()
+                        self._lock.wait(wait)
+                    while self._ends and self._ends[0] <= self.clock():
+                        heapq.heappop(self._ends)
+                    assert self._wake_to is not None
+                    port, secret = self._wake_to
+                send_wake(sock, port, secret)
 
     def stop(self, key: ReplicaKey, grace_s: float) -> None:
         with self._lock:
