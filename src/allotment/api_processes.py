@@ -58,6 +58,7 @@ from allotment.control.wake import WakeListener, WakeSender
 from allotment.domain.cluster import Cluster
 from allotment.domain.loading import load_cluster_text
 from allotment.executors.base import Executor
+from allotment.executors.supervisor import write_text_private
 from allotment.store.configs import current_cluster_config
 
 log = logging.getLogger("allotment.api_processes")
@@ -290,9 +291,7 @@ class ApiProcessSettings:
     def write(self) -> Path:
         """Write them to the data directory (mode 0600); return the file's path."""
         path = self.data_dir / SETTINGS_FILE
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            json.dump({**self.__dict__, "data_dir": str(self.data_dir)}, out)
+        write_text_private(path, json.dumps({**self.__dict__, "data_dir": str(self.data_dir)}))
         return path
 
     @classmethod

@@ -67,22 +67,20 @@ _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write ``data`` to ``path`` (mode 0600: a spec holds the job's environment)
-    through a temporary file and ``os.replace``."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(path)
+    through a temporary file and ``os.replace``, synced first."""
+    write_text_private(path, json.dumps(data, sort_keys=True), sync=True)
 
 
-def write_text_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` (mode 0600) through a temporary file and ``os.replace``."""
+def write_text_private(path: Path, text: str, *, sync: bool = False) -> None:
+    """Write ``text`` to ``path`` (mode 0600) through a temporary file and ``os.replace``
+    (``sync``: on disk before it replaces the old file)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(text)
+        if sync:
+            fh.flush()
+            os.fsync(fh.fileno())
     tmp.replace(path)
 
 
