@@ -1,6 +1,7 @@
 """Submissions a second through N API processes (``allot up --api-processes N``).
 
-Not a test. For each N given, a fresh store gets the Kueue baseline's cluster (see
+Not a test. For each N given, a fresh store (SQLite, or with ``--db`` a database of its
+own on a PostgreSQL server) gets the Kueue baseline's cluster (see
 bench_kueue.py), then uvicorn serves the API from N processes built exactly as
 ``allot up --api-processes N`` builds them (:mod:`allotment.api_processes`: shared
 counters, messages to a server, the same app), in a child process that plays the
@@ -24,6 +25,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -35,6 +39,8 @@ from bench.bench_kueue import (
     job_text,
     submit_all,
 )
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
 from allotment.api.auth import new_token, token_digest
 from allotment.api.serving import free_port
@@ -63,15 +69,41 @@ supervisor with N API processes (uvicorn needs N >= 2 for its supervisor; N = 1 
 served by one such process all the same)."""
 
 
-def run(processes: int, *, jobs: int, clients: int, client_procs: int) -> float:
+@contextmanager
+def fresh_database(server: str | None, data: Path) -> Iterator[str]:
+    """A SQLite file in ``data``, or (``server``: a PostgreSQL URL) a database of its own
+    on that server, dropped afterwards."""
+    if server is None:
+        yield f"sqlite:///{data / 'allotment.db'}"
+        return
+    name = f"allot_bench_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        try:
+            yield make_url(server).set(database=name).render_as_string(hide_password=False)
+        finally:
+            with admin.connect() as conn:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
+
+
+def run(
+    processes: int, *, jobs: int, clients: int, client_procs: int, db: str | None = None
+) -> float:
     config = Config()
     texts = [job_text(q, k, i) for i, (q, k) in enumerate(_cycle(config, jobs))]
     token = new_token()
     messages = WakeListener(lambda kind, words: None)  # the server's relay, deaf here
     messages.start()
-    with tempfile.TemporaryDirectory(prefix="allotment-api-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="allotment-api-") as tmp,
+        fresh_database(db, Path(tmp)) as url,
+    ):
         data = Path(tmp)
-        engine = make_engine(f"sqlite:///{data / 'allotment.db'}")
+        engine = make_engine(url)
         try:
             migrate.upgrade(engine)
             sessions = session_factory(engine)
@@ -79,7 +111,7 @@ def run(processes: int, *, jobs: int, clients: int, client_procs: int) -> float:
                 apply_cluster_config(db, cluster_yaml(config), at=time.time(), applied_by="bench")
             path = ApiProcessSettings(
                 data_dir=data,
-                database_url=f"sqlite:///{data / 'allotment.db'}",
+                database_url=url,
                 admin_digest=token_digest(token),
                 admin_user="bench",
                 relay_port=messages.port,
@@ -132,16 +164,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--client-procs", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--db", default=None, help="a PostgreSQL server's URL: a fresh database per run"
+    )
     args = parser.parse_args(argv)
     levels = [int(n) for n in args.processes.split(",")]
     print(
         f"api processes: {args.jobs} submissions per run, {args.clients} clients in "
-        f"{args.client_procs} process(es), {os.cpu_count()} cores"
+        f"{args.client_procs} process(es), {os.cpu_count()} cores, "
+        f"{'PostgreSQL' if args.db else 'SQLite'}"
     )
     print(f"  {'processes':>9}  {'median/s':>8}  runs/s")
     for n in levels:
         rates = [
-            run(n, jobs=args.jobs, clients=args.clients, client_procs=args.client_procs)
+            run(
+                n,
+                jobs=args.jobs,
+                clients=args.clients,
+                client_procs=args.client_procs,
+                db=args.db,
+            )
             for _ in range(args.repeat)
         ]
         runs = " ".join(f"{r:.0f}" for r in rates)
