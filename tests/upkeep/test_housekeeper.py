@@ -105,6 +105,8 @@ def test_a_notebooks_own_ttl_reaps_it_where_its_queue_sets_no_policy(
         runner.wake()
         wait_until(lambda: state_of(sessions, own) is JobState.RECLAIMED, "reaped")
         assert state_of(sessions, other) is JobState.RUNNING
+        # Counted once its transaction has committed: the store may show it first.
+        wait_until(lambda: keeper.reaped == {"ttl": 1}, "counted")
         assert keeper.reaped == {"ttl": 1}
         with sessions() as db:
             event = db.scalars(
