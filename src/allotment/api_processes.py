@@ -23,8 +23,9 @@ in step with the others through three things:
   secret that the API processes read from a file of the data directory (the server's
   user's alone; never on a command line): ``wake`` after a write, ``cluster`` after a
   new configuration, and the service proxy's ``begin``/``end``/``level`` counts, each
-  with the sending process's id so that the server adds them up. The server hands them on as if
-  its own API had made them.
+  with the sending process's id so that the server adds them up (and ``alive`` every
+  second: the counts of a process silent for 5 s, which has ended, are dropped). The
+  server hands them on as if its own API had made them.
 
 The rate limit is kept in each process (a token may make N times the limit's requests,
 spread over the processes). An API process ends when the server does (it watches its
@@ -71,6 +72,8 @@ COUNTERS_FILE = "api-counters"
 """In the data directory: the counters every API process of a server maps."""
 WATCH_S = 0.5
 """How often an API process looks whether its server still runs."""
+SILENT_S = 5.0
+"""An API process not heard from for this long has ended: its counts are dropped."""
 
 
 # ------------------------------------------------------------------ shared state
@@ -227,8 +230,10 @@ def api_app(
 
 class Relay:
     """The server's end of its API processes' messages: hands each on to ``wake``,
-    ``cluster_changed`` and ``traffic`` (whose requests in flight per service are the sum
-    of each process's last count)."""
+    ``cluster_changed`` and ``traffic``, whose requests in flight per service are the sum
+    of each process's last count. Every API process speaks at least once a second (its
+    levels, or ``alive``); the counts of one not heard for :data:`SILENT_S` are dropped,
+    so that a process that ended with requests in flight leaves none behind."""
 
     def __init__(
         self,
@@ -236,12 +241,16 @@ class Relay:
         wake: Callable[[], None],
         cluster_changed: Callable[[], None],
         traffic: Callable[[], ServiceTraffic],
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._wake = wake
         self._cluster_changed = cluster_changed
         self._traffic = traffic
+        self._monotonic = monotonic
         self._levels: dict[str, dict[str, int]] = {}
         """service -> sending process -> its requests in flight."""
+        self._heard: dict[str, float] = {}
+        """sending process -> when it last spoke."""
         self._lock = threading.Lock()
         self.listener = WakeListener(self.handle)
 
@@ -250,26 +259,45 @@ class Relay:
             self._wake()
         elif kind == "cluster":
             self._cluster_changed()
+        elif kind == "alive" and len(words) == 1:
+            self._counted(words[0])
         elif kind in ("begin", "end") and len(words) == 2:
-            service, sender = words
-            with self._lock:
-                counts = self._levels.setdefault(service, {})
-                counts[sender] = max(0, counts.get(sender, 0) + (1 if kind == "begin" else -1))
+            self._counted(words[1], words[0], by=1 if kind == "begin" else -1)
             traffic = self._traffic()
             if kind == "begin":
-                traffic.begin(service)
+                traffic.begin(words[0])
             else:
-                traffic.end(service)
+                traffic.end(words[0])
         elif kind == "level" and len(words) == 3 and words[1].isdigit():
             service, count, sender = words
-            with self._lock:
-                counts = self._levels.setdefault(service, {})
-                counts[sender] = int(count)
-                total = sum(counts.values())
-            self._traffic().level(service, total)
+            self._counted(sender, service, level=int(count))
 
-    def settings(self) -> dict[str, object]:
-        return {"relay_port": self.listener.port, "relay_secret": self.listener.secret}
+    def _counted(
+        self, sender: str, service: str | None = None, *, by: int = 0, level: int | None = None
+    ) -> None:
+        """``sender`` spoke (of ``service``: a move ``by`` one, or its ``level``); set the
+        sums that changed, those of silent processes dropped, on the traffic."""
+        now = self._monotonic()
+        with self._lock:
+            self._heard[sender] = now
+            changed: set[str] = set()
+            if service is not None:
+                counts = self._levels.setdefault(service, {})
+                counts[sender] = level if level is not None else max(0, counts.get(sender, 0) + by)
+                if level is not None:
+                    changed.add(service)
+            silent = {s for s, heard in self._heard.items() if now - heard > SILENT_S}
+            for gone in silent:
+                del self._heard[gone]
+            for name, counts in self._levels.items():
+                if silent & counts.keys():
+                    for gone in silent & counts.keys():
+                        del counts[gone]
+                    changed.add(name)
+            totals = {name: sum(self._levels[name].values()) for name in changed}
+        traffic = self._traffic()
+        for name, total in totals.items():
+            traffic.level(name, total)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -322,6 +350,8 @@ class RelayedTraffic(ServiceTraffic):
         self.sender.send("end", service_id, self.source)
 
     def resend(self) -> None:
+        """Every second: this process's levels, and that it is alive."""
+        self.sender.send("alive", self.source)
         for service_id, in_flight in self.levels().items():
             self.sender.send("level", service_id, str(in_flight), self.source)
 

@@ -122,13 +122,16 @@ def test_an_api_process_that_ends_is_replaced_and_all_end_with_the_server(up: Up
 
 def test_the_relay_adds_up_each_api_process_s_requests_in_flight() -> None:
     """Each process's last level counts, so one process's level never hides another's;
-    begin and end move the sum at once; the other messages go where they belong."""
+    begin and end move the sum at once; a process silent for 5 s has ended, and its
+    requests are dropped; the other messages go where they belong."""
     traffic = ServiceTraffic()
     calls: list[str] = []
+    now = [100.0]
     relay = Relay(
         wake=lambda: calls.append("wake"),
         cluster_changed=lambda: calls.append("cluster"),
         traffic=lambda: traffic,
+        monotonic=lambda: now[0],
     )
     relay.listener.start()
     relay.handle("level", ["svc", "3", "101"])
@@ -144,6 +147,13 @@ def test_the_relay_adds_up_each_api_process_s_requests_in_flight() -> None:
     relay.handle("wake", [])
     relay.handle("cluster", [])
     assert calls == ["wake", "cluster"]
+    # Process 101 ends with 3 requests in flight; 102 goes on saying it is alive.
+    now[0] += 3.0
+    relay.handle("alive", ["102"])
+    assert traffic.levels() == {"svc": 3}
+    now[0] += 3.0  # 101 silent for 6 s: gone, and its requests with it
+    relay.handle("alive", ["102"])
+    assert traffic.levels() == {"svc": 0}
     relay.listener.stop()
 
 

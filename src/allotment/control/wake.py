@@ -15,7 +15,8 @@ process's datagram is ignored), the second the message's kind:
 
 With several API processes (``allot up --api-processes N``) each sends these to the
 server's relay instead (``allotment.api_processes``), ``begin``, ``end`` and ``level``
-with the sending process's id as their last word, and the relay hands them on.
+with the sending process's id as their last word, and ``alive PID`` every second; the
+relay hands them on.
 
 The local executor's supervisors send ``wake`` too, when their replica ends, to the
 leading scheduler (its listener's port and secret are in the executor's state
