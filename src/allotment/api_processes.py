@@ -60,7 +60,9 @@ from allotment.domain.cluster import Cluster
 from allotment.domain.loading import load_cluster_text
 from allotment.executors.base import Executor
 from allotment.executors.supervisor import write_text_private
+from allotment.host import make_executor
 from allotment.store.configs import current_cluster_config
+from allotment.store.db import make_engine, session_factory
 
 log = logging.getLogger("allotment.api_processes")
 
@@ -356,9 +358,7 @@ class RelayedTraffic(ServiceTraffic):
             self.sender.send("level", service_id, str(in_flight), self.source)
 
 
-def _watch(
-    parent: int, traffic: RelayedTraffic, state: ClusterState, executor: Executor, every_s: float
-) -> None:
+def _watch(parent: int, traffic: RelayedTraffic, state: ClusterState, every_s: float) -> None:
     """End this process when the server has gone; send the proxy's levels every second;
     take the executor's nodes every ``every_s`` (Slurm's health, shown by the API)."""
     nodes_at = time.monotonic() + every_s
@@ -375,19 +375,11 @@ def _watch(
             traffic.resend()
         if now >= nodes_at:
             nodes_at = now + every_s
-            try:
-                nodes = executor.nodes(state.current())
-                if nodes is not None:
-                    state.take_nodes(nodes)
-            except Exception:  # the executor may be briefly unreachable: try again
-                log.exception("reading the executor's nodes failed")
+            state.refresh_nodes()
 
 
 def app_from_environment() -> FastAPI:
     """The app of one API process, from :data:`SETTINGS_ENV` (uvicorn's factory)."""
-    from allotment.host import make_executor
-    from allotment.store.db import make_engine, session_factory
-
     settings = ApiProcessSettings.read(Path(os.environ[SETTINGS_ENV]))
     engine = make_engine(settings.database_url)
     sessions = session_factory(engine)
@@ -421,7 +413,7 @@ def app_from_environment() -> FastAPI:
     app.state.on_cluster_change = lambda _cluster: sender.send("cluster")
     threading.Thread(
         target=_watch,
-        args=(settings.server_pid, traffic, state, executor, settings.reconcile_every_s),
+        args=(settings.server_pid, traffic, state, settings.reconcile_every_s),
         name="allotment-api-watch",
         daemon=True,
     ).start()

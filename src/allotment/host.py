@@ -274,20 +274,18 @@ class SchedulerProcess:
     """The scheduler's side in a process of its own (``python -m allotment.host``), seen
     from the API's process: started and stopped with the server, woken by messages, and
     started again if it ends by itself. The cluster state here takes the executor's
-    nodes every ``reconcile_every_s`` (the loop does so in its own process), so that the
-    API shows the nodes' health too."""
+    nodes every ``reconcile_every_s`` (:meth:`ClusterState.refresh_nodes`; the loop does
+    so in its own process), so that the API shows the nodes' health too."""
 
     def __init__(
         self,
         settings: HostSettings,
         state: ClusterState,
-        executor: Executor,
         *,
         on_alert: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
         self.state = state
-        self.executor = executor
         self.traffic = ForwardedTraffic()
         self._alerts: WakeListener | None = None
         if on_alert is not None:
@@ -401,12 +399,7 @@ class SchedulerProcess:
                     log.exception("the scheduler's process did not start again")
             if time.monotonic() >= nodes_at:
                 nodes_at = time.monotonic() + self.settings.reconcile_every_s
-                try:
-                    nodes = self.executor.nodes(self.state.current())
-                    if nodes is not None:
-                        self.state.take_nodes(nodes)
-                except Exception:  # the executor may be briefly unreachable: try again
-                    log.exception("reading the executor's nodes failed")
+                self.state.refresh_nodes()
 
 
 def _handler(host: SchedulerHost) -> Callable[[str, list[str]], None]:

@@ -280,9 +280,7 @@ class Server:
         )
         wake: Callable[[], None]
         if options.scheduler_process:
-            self.scheduler = SchedulerProcess(
-                settings, self.state, self.executor, on_alert=self.webhooks.wake
-            )
+            self.scheduler = SchedulerProcess(settings, self.state, on_alert=self.webhooks.wake)
             wake, self.traffic = self.scheduler.wake, self.scheduler.traffic
         else:
             self.host = SchedulerHost(

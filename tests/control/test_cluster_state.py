@@ -51,3 +51,23 @@ def test_of_shares_a_state_and_wraps_a_cluster() -> None:
     assert ClusterState.of(state) is state
     cluster = local()
     assert ClusterState.of(cluster).current() is cluster
+
+
+def test_refresh_asks_the_executor_and_keeps_the_nodes_when_it_fails() -> None:
+    cluster = local()
+    answers: list[dict[str, Node] | Exception] = []
+
+    def nodes_of(_cluster: Cluster) -> dict[str, Node]:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    state = ClusterState(cluster, nodes_of=nodes_of)
+    down = {n: node.model_copy(update={"healthy": False}) for n, node in cluster.nodes.items()}
+    answers.extend([OSError("sinfo timed out"), down, down])
+    assert not state.refresh_nodes()  # unreachable: logged, the nodes in use stand
+    assert state.version == 0 and state.current().nodes["localhost"].healthy
+    assert state.refresh_nodes() and not state.current().nodes["localhost"].healthy
+    assert not state.refresh_nodes()  # nothing changed
+    assert not ClusterState(cluster).refresh_nodes()  # no executor that reports nodes

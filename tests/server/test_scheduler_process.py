@@ -131,6 +131,12 @@ def test_the_scheduler_process_ends_with_a_killed_server_and_a_new_one_leads(up:
     assert wait_state(up, job["id"], {"succeeded", "failed"}) == "succeeded"
 
 
+def test_a_listener_that_never_started_stops_cleanly() -> None:
+    """As when a server fails to open after its scheduler's side was built."""
+    listener = WakeListener(lambda kind, words: None)
+    listener.stop()
+
+
 def test_messages_without_the_listeners_secret_are_ignored() -> None:
     got: list[tuple[str, list[str]]] = []
     listener = WakeListener(lambda kind, words: got.append((kind, words)))

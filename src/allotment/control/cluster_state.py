@@ -14,10 +14,13 @@ cluster into anybody else.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
 from allotment.domain.cluster import Cluster, Node
+
+log = logging.getLogger(__name__)
 
 NodesOf = Callable[[Cluster], dict[str, Node] | None]
 """The executor's nodes for a configuration (None: it does not report nodes, or the
@@ -65,6 +68,19 @@ class ClusterState:
         them (a proposed or past configuration, for a replay); nothing changes."""
         nodes = self._nodes_of(config) if self._nodes_of is not None else None
         return config if nodes is None else config.with_nodes(nodes)
+
+    def refresh_nodes(self) -> bool:
+        """Ask the executor for its nodes now and take them; whether they changed
+        anything. An executor briefly unreachable is logged, and the nodes in use stand
+        until the next time."""
+        if self._nodes_of is None:
+            return False
+        try:
+            nodes = self._nodes_of(self.current())
+        except Exception:
+            log.exception("reading the executor's nodes failed")
+            return False
+        return nodes is not None and self.take_nodes(nodes)
 
     def take_nodes(self, nodes: dict[str, Node]) -> bool:
         """The executor's nodes, on the configuration in use (one applied meanwhile

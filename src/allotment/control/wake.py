@@ -70,8 +70,10 @@ class WakeListener:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop listening (also when it never started: a server that failed to open)."""
         self._stopping.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
         self._socket.close()
 
     def _run(self) -> None:
