@@ -126,6 +126,7 @@ def test_the_live_loops_turn_is_read_from_when_ends_were_seen() -> None:
         for i, delay in enumerate((0.05, 0.1, 0.15))
     ]
     out = replay_jobs(jobs)
+    assert out.end_latency == pytest.approx(0.1)
     assert out.turn == pytest.approx(0.2)
     assert all(j.runs == ((10.0, SUCCEEDED),) for j in out.jobs)
 
@@ -179,9 +180,43 @@ def test_a_replay_stops_at_until_with_open_runs(cluster: Cluster) -> None:
     assert {j.job_id: j.first_start for j in result.jobs} == {"long": 0.0, "late": None}
 
 
-def test_ends_are_seen_at_the_live_loops_turn(cluster: Cluster) -> None:
-    result = Replay(cluster, [trace("j", 0.0, duration=0.33)], fifo(), turn=0.2).run()
-    assert result.attempts[0].end == pytest.approx(0.4)
+def test_an_end_within_a_turn_of_the_last_is_seen_at_the_next_turn(cluster: Cluster) -> None:
+    # The loop took a turn at 0 (j's start): j's end at 0.05 is seen, and its GPUs
+    # freed, only at 0.2. k arrives to an idle loop, which takes its turn at once.
+    jobs = [trace("j", 0.0, duration=0.05), trace("k", 5.0)]
+    result = Replay(cluster, jobs, fifo(), turn=0.2).run()
+    assert [(a.job_id, a.start, a.end) for a in result.attempts] == [
+        ("j", 0.0, pytest.approx(0.2)),
+        ("k", 5.0, 15.0),
+    ]
+
+
+def test_an_end_is_seen_its_latency_after_the_run(cluster: Cluster) -> None:
+    # j's processes end at 10; the loop sees it, and frees the node, 0.1 s later.
+    jobs = [trace("j", 0.0), trace("k", 0.0)]
+    result = Replay(cluster, jobs, fifo(), end_latency=0.1).run()
+    assert [(a.job_id, a.start, a.end) for a in result.attempts] == [
+        ("j", 0.0, pytest.approx(10.1)),
+        ("k", pytest.approx(10.1), pytest.approx(20.2)),
+    ]
+
+
+def test_submissions_within_a_turn_are_ordered_together(cluster: Cluster) -> None:
+    # a2 would borrow team-b's node; b1, within team-b's guarantee, comes 50 ms later.
+    # Seen one by one, a2 starts and b1 takes the node back from it; seen together at
+    # the loop's next turn, b1 goes first and a2 waits, as the live loop would order them.
+    jobs = [
+        trace("a1", 0.0, duration=100.0),
+        trace("a2", 0.05, duration=100.0),
+        trace("b1", 0.1, queue="team-b", duration=100.0),
+    ]
+    one_by_one = Replay(cluster, jobs, parse_policy("default")).run()
+    assert {j.job_id: j.first_start for j in one_by_one.jobs}["a2"] == 0.05
+    assert one_by_one.preemptions == 1
+    together = Replay(cluster, jobs, parse_policy("default"), turn=0.2).run()
+    starts = {j.job_id: j.first_start for j in together.jobs}
+    assert starts == {"a1": 0.0, "a2": 100.0, "b1": pytest.approx(0.2)}
+    assert together.preemptions == 0
 
 
 def test_a_configuration_change_takes_effect_when_applied(cluster: Cluster) -> None:

@@ -126,7 +126,8 @@ def comparison_view(data: Mapping[str, Any]) -> RenderableType:
         if assumed.get(key)
     ]
     said.append(
-        f"the loop's turn {assumed['turn_s']:g} s and a preemption's stop "
+        f"the loop's turn {assumed['turn_s']:g} s, an end seen "
+        f"{assumed['end_latency_s']:g} s after it and a preemption's stop "
         f"{assumed['stop_latency_s']:g} s, read from the recording"
     )
     parts.append(Text("assumed: " + "; ".join(said), style="dim"))

@@ -118,13 +118,13 @@ class SimulatedExecutor:
         *,
         time_scale: float,
         oracle: bool,
-        turn: float = 0.0,
+        end_latency: float = 0.0,
     ) -> None:
         self.cluster = cluster
         self.oracle = oracle
-        self.turn = turn
-        """Seconds between the turns of a live loop being replayed (0: none): a run's
-        end is seen, and its resources freed, at the next multiple of it."""
+        self.end_latency = end_latency
+        """Seconds from a run's last process ending to its end being due (a live loop's:
+        its executor's report and the wake-up), 0 in a trace replay."""
         self.traces = {job.job_id: job for job in jobs}
         self.results = {
             job.job_id: JobResult(
@@ -284,11 +284,7 @@ class SimulatedExecutor:
             again=again,
         )
         self._seq += 1
-        end = now + runtime
-        if self.turn and math.isfinite(end):
-            # The live loop sees an end at its next turn, and frees the resources then.
-            end = max(now, math.ceil(end / self.turn) * self.turn)
-            self._running[job.id].end = end
+        end = now + runtime + self.end_latency
         heapq.heappush(self._ends, (end, self._seq, job.id, result.attempts))
 
     def preempt(self, job_id: str, now: float) -> PendingJob | None:

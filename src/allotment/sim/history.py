@@ -68,9 +68,12 @@ class HistoryTrace:
     """The median recorded run per queue, used for the estimates."""
     stop_latency: float = 0.0
     """The median time a preempted run took to stop (0 when none was preempted)."""
+    end_latency: float = 0.0
+    """How long after a run's last process ended the live loop saw the end and freed its
+    resources, the recording's median (0: not known)."""
     turn: float = 0.0
-    """The live loop's turn, as the recording shows it: twice the median time from a
-    run's last process ending to its resources being freed (0: not known)."""
+    """The live loop's turn, as the recording shows it: twice ``end_latency`` (an end
+    comes, on average, half-way through a turn that is under way)."""
 
 
 def kept_runs(runs: Iterable[RecordedRun]) -> list[RecordedRun]:
@@ -139,11 +142,13 @@ def replay_jobs(recorded: Sequence[RecordedJob]) -> HistoryTrace:
         for run in kept_runs(job.runs)
         if (delay := _seen_after(run)) is not None
     ]
+    latency = statistics.median(seen) if seen else 0.0
     out = HistoryTrace(
         jobs=[],
         medians=medians,
         stop_latency=statistics.median(stops) if stops else 0.0,
-        turn=2 * statistics.median(seen) if seen else 0.0,
+        end_latency=latency,
+        turn=2 * latency,
     )
     for job in recorded:
         spec = job.spec
@@ -153,7 +158,7 @@ def replay_jobs(recorded: Sequence[RecordedJob]) -> HistoryTrace:
             ending = _ENDINGS.get(run.ended_as or "", FAILED)
             if run.released is None:
                 runs.append((math.inf, UNFINISHED))
-            elif out.turn and run.exited is not None and _seen_after(run) is not None:
+            elif out.end_latency and run.exited is not None and _seen_after(run) is not None:
                 runs.append((run.exited - run.admitted, ending))
             else:
                 runs.append((run.released - run.admitted, ending))

@@ -27,8 +27,11 @@ still going then stay open), applies configuration ``changes`` at their instants
 core carries on under the new cluster with what it holds), withdraws jobs cancelled
 while they waited (``TraceJob.withdraw_at``), retries failed runs (``TraceJob.runs``),
 lets a victim hold its resources for ``stop_latency`` seconds after its preemption (the
-core sees it stopping, as the live loop's does), and has the executor free a run's
-resources only at the next multiple of ``turn`` (the live loop's turn).
+core sees it stopping, as the live loop's does), sees a run's end ``end_latency``
+seconds after it (the executor's report), and takes its turns as the live loop does
+(``turn``): one when something happens, but not sooner than ``turn`` seconds after the
+last, so that what happens in between (submissions, ends) is seen, and ordered, together
+at that turn.
 
 The driver owns the clock, the events and the cycles, and composes parts of one concern
 each, passing each what it needs:
@@ -107,6 +110,7 @@ class Replay:
         until: float | None = None,
         changes: Sequence[tuple[float, Cluster]] = (),
         stop_latency: float = 0.0,
+        end_latency: float = 0.0,
         turn: float = 0.0,
     ) -> None:
         if not (time_scale >= 0 and math.isfinite(time_scale)):
@@ -134,7 +138,11 @@ class Replay:
         self.stops: list[tuple[float, str]] = []
         span = (self.arrivals[-1][0] - self.arrivals[0][0]) if self.arrivals else 0.0
         self.executor = SimulatedExecutor(
-            cluster, jobs, time_scale=time_scale, oracle=policy.oracle, turn=max(0.0, turn)
+            cluster,
+            jobs,
+            time_scale=time_scale,
+            oracle=policy.oracle,
+            end_latency=max(0.0, end_latency),
         )
         self.sampler = ContentionSampler(span)
         self.shortfalls = ShortfallTracker()
@@ -147,6 +155,9 @@ class Replay:
         )
         self.cycles = 0
         self.scheduler_s = 0.0
+        self.turn = max(0.0, turn)
+        self._turned = -math.inf
+        """When the last turn was taken (something happened)."""
 
     def run(self) -> ReplayResult:
         started = time.perf_counter()
@@ -174,6 +185,7 @@ class Replay:
                 now = self.stops[0][0]
             if changed_at < len(self.changes) and self.changes[changed_at][0] < now:
                 now = self.changes[changed_at][0]
+            now = max(now, self._turned + self.turn)
             if now == math.inf or now > self.until:
                 break
             changed = False
@@ -222,6 +234,7 @@ class Replay:
                 forecaster.predict(now, session, executor.first_start)
             if changed:
                 shortfalls.track(now, session)
+                self._turned = now
         shortfalls.track(math.inf, session, last=True)
         executor.close()
         forecaster.annotate(executor.results)

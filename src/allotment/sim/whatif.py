@@ -151,6 +151,7 @@ class _Run:
     until: float
     changes: list[tuple[float, Cluster]]
     stop_latency: float
+    end_latency: float
     turn: float
 
 
@@ -164,6 +165,7 @@ def _replay(run: _Run) -> ReplayResult | None:
         until=run.until,
         changes=run.changes,
         stop_latency=run.stop_latency,
+        end_latency=run.end_latency,
         turn=run.turn,
     ).run()
 
@@ -216,9 +218,8 @@ def compare(
     proposed_jobs: list[TraceJob] = []
     if proposed is not None:
         proposed_jobs, moved = fit_jobs(trace.jobs, proposed, source="the proposed file")
-    runs = [
-        _Run("current", first, current_jobs, policy, until, changes, trace.stop_latency, trace.turn)
-    ]
+    timings = (trace.stop_latency, trace.end_latency, trace.turn)
+    runs = [_Run("current", first, current_jobs, policy, until, changes, *timings)]
     if proposed is not None:
         runs.append(
             _Run(
@@ -228,8 +229,7 @@ def compare(
                 policy,
                 until,
                 [],
-                trace.stop_latency,
-                trace.turn,
+                *timings,
             )
         )
     if workers > 1 and len(runs) > 1:
@@ -286,6 +286,7 @@ def compare(
             "default_priority_class": moved,
             "unknown_queue": left_out,
             "turn_s": round(trace.turn, 3),
+            "end_latency_s": round(trace.end_latency, 3),
             "stop_latency_s": round(trace.stop_latency, 3),
         },
         "fidelity": {
