@@ -22,7 +22,6 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from allotment.domain.cluster import PriorityClass, Queue
 from allotment.domain.durations import next_window_open, window_open
@@ -47,13 +46,15 @@ from allotment.scheduler.pool_tries import PoolTries
 from allotment.scheduler.preemption import (
     VictimPlan,
     describe,
-    find_victims,
     held_for_preemptor,
+    plan_victims,
+    victim_candidates,
     waiting_for,
 )
 from allotment.scheduler.quota import QuotaCheck
 from allotment.scheduler.snapshot import PendingJob, Snapshot
 from allotment.scheduler.state import CycleState
+from allotment.scheduler.verdicts import Verdict, holding, recall, verdict
 
 MAX_REMEMBERED = 65_536
 """Entries a session keeps in each of its memories across cycles (failed victim searches,
@@ -399,24 +400,20 @@ class _Cycle:
         shape = job.shape()
         reasons: list[Reason] = []
         held_back: list[str] = []
-        # Without explanations, reservations or victims taken this cycle, a pool that has
-        # not changed since a job of the same queue, class and shape failed there fails
-        # the same way (the world only fills up in between): its verdict is reused.
+        # Without explanations, reservations or victims taken this cycle, a job of the
+        # same queue, class and shape that failed in a pool fails there the same way
+        # while its verdict holds (see verdicts.py).
         reuse = not self.explain and not self.reservations.items and not self.taken
-        verdicts: dict[str, list[Any]] = {}
-        if reuse:
-            if len(state.verdicts) >= MAX_REMEMBERED:
-                state.verdicts.clear()  # memory stays bounded
-            verdicts = state.verdicts.setdefault((queue.name, klass.value, shape), {})
-        known: dict[str, list[Any]] = {}
-        changed, touched, verdict_of = state.changed, self.touched, verdicts.get
+        verdicts = recall(state, (queue.name, klass.value, shape), MAX_REMEMBERED) if reuse else {}
+        known: dict[str, Verdict] = {}
+        touched, verdict_of = self.touched, verdicts.get
         for pool in pools:
             mine = reuse and pool not in touched
             if mine:
-                verdict = verdict_of(pool)
-                if verdict is not None and verdict[0] == changed.get(pool, 0):
-                    reasons.append(verdict[1])
-                    known[pool] = verdict
+                held = holding(state, verdict_of(pool), queue.name, pool, job)
+                if held is not None:
+                    reasons.append(held.reason)
+                    known[pool] = verdicts[pool] = held
                     continue
             failed = self.pools.attempt(job, queue.name, pool, total, shape, claims, held_back)
             if not isinstance(failed, Reason):
@@ -424,14 +421,13 @@ class _Cycle:
                 return Outcome.ADMITTED, None
             reasons.append(failed)
             if mine:
-                known[pool] = verdicts[pool] = [changed.get(pool, 0), failed, False]
+                known[pool] = verdicts[pool] = verdict(state, queue.name, pool, failed)
         if not held_back and self.rules.victims.may_preempt(klass):
             for pool in pools:
-                verdict = known.get(pool)
-                if verdict is not None and verdict[2]:
+                held = known.get(pool)
+                if held is not None and held.searched:
                     continue  # its victim search failed and the pool has not changed
-                # The world only fills up during a cycle: a search that failed fails again
-                # for the same queue, class and shape.
+                # A search that failed this cycle fails again (the world only fills up).
                 claimed = None if claims is None else self._claimed(pool, claims)
                 tried = (queue.name, pool, klass.value, shape, claimed)
                 if tried in self.no_victims:
@@ -443,7 +439,12 @@ class _Cycle:
                     self.truncated = True
                     break
                 self.searches += 1
-                plan = find_victims(state, job, queue, pool, klass, self.taken, claims)
+                found = None
+                if held is None or not held.empty:
+                    found = victim_candidates(state, job, queue, pool, klass, self.taken)
+                plan = (
+                    None if found is None else plan_victims(state, job, queue, pool, found, claims)
+                )
                 if plan is not None:
                     return Outcome.PREEMPTING, self._preempt(job, queue, klass, pool, plan)
                 self.no_victims.add(tried)
@@ -452,8 +453,8 @@ class _Cycle:
                         state.no_victims.clear()  # memory stays bounded
                         state.verdicts.clear()  # theirs rely on these searches
                     state.no_victims[tried] = state.changed.get(pool, 0)
-                    if verdict is not None:
-                        verdict[2] = True
+                    if held is not None:
+                        held.searched, held.empty = True, found is None
         if held_back:
             first = self.reservations.items[0]
             return Outcome.CAPACITY, Reason(

@@ -217,6 +217,14 @@ class Placer:
         """Whole free GPUs in the pool (milli-units)."""
         return self._whole_free.get(pool, 0) * MILLI
 
+    def most_whole_free(self, pool: str) -> int:
+        """The most whole free GPUs on one node of ``pool``."""
+        buckets = self._buckets.get(pool, [])
+        for count in range(len(buckets) - 1, 0, -1):
+            if buckets[count]:
+                return count
+        return 0
+
     def largest_free(self, pool: str) -> dict[str, int]:
         """The free resources of a node with the most free GPUs (then CPU, among the
         first few such nodes): the "largest free slot" shown in reasons."""

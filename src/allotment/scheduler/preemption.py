@@ -45,6 +45,15 @@ class VictimPlan:
     placement: PlacementResult
 
 
+@dataclass(slots=True)
+class Candidates:
+    """The running jobs of a pool that a preemptor may take, in the order they are given
+    up, each with its cause; and whether a borrower's queue still borrows there."""
+
+    items: list[tuple[Holder, str]]
+    still_borrowing: Callable[[str], bool]
+
+
 def find_victims(
     state: CycleState,
     job: PendingJob,
@@ -57,6 +66,21 @@ def find_victims(
     """Victims that let ``job`` into ``pool`` (leaving ``claims`` free), with its
     placement once they are gone; None when no allowed, non-empty set suffices. Leaves
     ``state`` as it found it."""
+    found = victim_candidates(state, job, leaf, pool, job_class, taken)
+    return None if found is None else plan_victims(state, job, leaf, pool, found, claims)
+
+
+def victim_candidates(
+    state: CycleState,
+    job: PendingJob,
+    leaf: Queue,
+    pool: str,
+    job_class: PriorityClass,
+    taken: set[str],
+) -> Candidates | None:
+    """What a ``job_class`` job of ``leaf`` may take in ``pool`` (none of ``taken``);
+    None when nothing: a search there fails until a job there becomes a possible victim
+    or one of ``leaf``'s ends there (``CycleState.joined``, ``CycleState.left``)."""
     if not job_class.can_preempt or job_class.borrow_only:
         return None
     total = job.total()
@@ -75,8 +99,22 @@ def find_victims(
         for item in rule.candidates(state, leaf, pool, job_class, reclaim_ok, still_borrowing)
         if item[0].id not in taken
     ][:MAX_CANDIDATES]
-    if not candidates:
-        return None
+    return Candidates(candidates, still_borrowing) if candidates else None
+
+
+def plan_victims(
+    state: CycleState,
+    job: PendingJob,
+    leaf: Queue,
+    pool: str,
+    found: Candidates,
+    claims: Claims | None = None,
+) -> VictimPlan | None:
+    """The smallest set of ``found`` whose removal lets ``job`` into ``pool`` (leaving
+    ``claims`` free), with its placement once they are gone; None when none suffices.
+    Leaves ``state`` as it found it."""
+    candidates, still_borrowing = found.items, found.still_borrowing
+    total = job.total()
     # Cheap bound first: even all candidates together plus the free capacity are short.
     gpu = total.get(GPU, 0)
     if gpu and gpu % MILLI == 0:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from allotment.domain.cluster import Cluster, Node, PriorityClass
 from allotment.domain.resources import GPU, MILLI
@@ -17,6 +17,9 @@ from allotment.scheduler.placement import Placer
 from allotment.scheduler.policy import compose
 from allotment.scheduler.quota import QuotaTree
 from allotment.scheduler.snapshot import ReplicaPlacement, RunningJob, SchedulerPolicy, Snapshot
+
+if TYPE_CHECKING:
+    from allotment.scheduler.verdicts import Verdict
 
 FOREIGN = "foreign"
 """The group name of a device taken by something outside Allotment (:meth:`occupy`)."""
@@ -89,14 +92,19 @@ class CycleState:
         job started, ended or began stopping): what a victim search depends on."""
         self.released: dict[str, int] = {}
         """Per pool, how many times running jobs gave capacity back."""
+        self.joined: dict[str, int] = {}
+        """Per pool, how many running jobs became possible victims (admitted in an earlier
+        cycle, or started elsewhere): the only way a victim search there finds more."""
+        self.left: dict[tuple[str, str], int] = {}
+        """Per (queue, pool), how many of the queue's running jobs there ended (its usage
+        fell: it may take back more by reclaim)."""
         self.no_victims: dict[tuple[object, ...], int] = {}
         """Victim searches that failed without claims, with ``changed`` of their pool
         then: they fail again until it changes."""
-        self.verdicts: dict[tuple[object, ...], dict[str, list[Any]]] = {}
+        self.verdicts: dict[tuple[object, ...], dict[str, Verdict]] = {}
         """Per (queue, class value, shape), then per pool, why a try failed there with no
-        claims and no victims taken: ``[changed of the pool then, its reason, whether a
-        victim search failed too]``. Only a cycle without explanations keeps them; they hold
-        until the pool changes (the world only fills up in between)."""
+        claims and no victims taken. Only a cycle without explanations keeps them; how
+        long one holds is :mod:`allotment.scheduler.verdicts`'s."""
         self.borrows: dict[tuple[object, ...], tuple[int, bool]] = {}
         """Per (queue, shape, pools), whether such a request would borrow wherever it may
         run, with the queue's ``guaranteed_version`` then (see the cycle's order keys)."""
@@ -142,6 +150,7 @@ class CycleState:
         for holder in self._fresh:
             holder.fresh = False
             self._bump(self.changed, holder.pool)
+            self._bump(self.joined, holder.pool)
         self._fresh.clear()
         for holder in self.terminating.values():
             holder.end_bound = now
@@ -153,6 +162,7 @@ class CycleState:
         holder = self._holder(job)
         self.hold(holder)
         self._bump(self.changed, holder.pool)
+        self._bump(self.joined, holder.pool)
         if holder.terminating:
             self.terminating[holder.id] = holder
         return holder
@@ -166,6 +176,7 @@ class CycleState:
         self.terminating.pop(job_id, None)
         self._bump(self.changed, holder.pool)
         self._bump(self.released, holder.pool)
+        self._bump(self.left, (holder.queue, holder.pool))
         return holder
 
     def occupy(self, node: str, device: int) -> ReplicaPlacement | None:
@@ -205,8 +216,8 @@ class CycleState:
         return True
 
     @staticmethod
-    def _bump(counts: dict[str, int], pool: str) -> None:
-        counts[pool] = counts.get(pool, 0) + 1
+    def _bump(counts: dict[Any, int], key: object) -> None:
+        counts[key] = counts.get(key, 0) + 1
 
     def _index(self, holder: Holder) -> None:
         key = (holder.pool, holder.queue)
