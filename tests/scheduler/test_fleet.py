@@ -46,6 +46,15 @@ def test_one_replica_larger_than_every_node_is_refused_naming_the_largest() -> N
     assert "the largest node, big-00, has 64 cpu, 8 gpu, 512Gi memory" in problem
 
 
+def test_a_resource_no_node_declares_is_named() -> None:
+    problem = fleet().problem([group(1, gpu=1, gpu_memory="100Gi")], ["small", "big"])
+    assert problem is not None
+    assert "more than any node of pools small, big has: no node there declares gpu_memory" in (
+        problem
+    )
+    assert "the largest node, big-00, has 64 cpu, 8 gpu, 512Gi memory" in problem
+
+
 def test_groups_that_fit_alone_but_not_together_are_refused() -> None:
     fit = fleet()
     assert fit.problem([group(1, gpu=8), group(1, gpu=1)], ["big"]) is not None

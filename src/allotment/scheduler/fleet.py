@@ -60,6 +60,14 @@ class FleetFit:
         biggest = f"the largest node, {largest.name}, has {_shown(largest.capacity)}"
         for group in replicas:
             if not any(self._placer.ever_fits(pool, group.resources) for pool in pools):
+                # A resource no node there declares at all is the answer, not the sizes.
+                undeclared = sorted(
+                    name
+                    for name, amount in group.resources.items()
+                    if amount > 0 and not any(node.capacity.get(name, 0) for node in nodes)
+                )
+                if undeclared:
+                    biggest = f"no node there declares {', '.join(undeclared)}; {biggest}"
                 return (
                     f"one replica of group {group.name} asks for {_shown(group.resources)}, "
                     f"more than any node of {where} has: {biggest}"
