@@ -107,18 +107,21 @@ class SortedLine(QueueLine):
         return self.jobs.pop(index)
 
     def remove_many(self, job_ids: Iterable[str]) -> list[PendingJob]:
-        """Remove several jobs at once (one pass when they are many)."""
-        gone = {j for j in job_ids if j in self._key_of}
-        if len(gone) <= 8:
-            return [job for j in gone if (job := self.remove(j)) is not None]
-        keep = [i for i, job_id in enumerate(self.ids) if job_id not in gone]
-        removed = [self.jobs[i] for i, job_id in enumerate(self.ids) if job_id in gone]
-        self.keys = [self.keys[i] for i in keep]
-        self.jobs = [self.jobs[i] for i in keep]
-        self.values = [self.values[i] for i in keep]
-        self.ids = [self.ids[i] for i in keep]
-        for job_id in gone:
-            del self._key_of[job_id]
+        """Remove several jobs at once, returned in line order: each found by binary
+        search, then cut out a run of neighbours at a time (admitted jobs are mostly
+        the line's first ones), from the back so that earlier places hold."""
+        key_of = self._key_of
+        keys = self.keys
+        places = sorted({bisect_left(keys, key_of.pop(j)) for j in set(job_ids) if j in key_of})
+        removed = [self.jobs[i] for i in places]
+        end = len(places)
+        while end:
+            start = end - 1
+            while start and places[start - 1] == places[start] - 1:
+                start -= 1
+            cut = slice(places[start], places[end - 1] + 1)
+            del keys[cut], self.jobs[cut], self.values[cut], self.ids[cut]
+            end = start
         return removed
 
     def replace(self, job: PendingJob) -> bool:
@@ -231,6 +234,6 @@ def behind(lines: Iterable[Line], answered: set[str]) -> Iterator[tuple[list[str
                 {"queue": line.queue.name},
             )
         tail = line.ids[line.index :]
-        if answered:
+        if not answered.isdisjoint(tail):
             tail = [job for job in tail if job not in answered]
         yield tail, reason

@@ -103,6 +103,8 @@ class QuotaTree:
         self.pools = list(capacity)
         self._parent: dict[str, str] = {}
         self._chain: dict[str, tuple[str, ...]] = {}
+        self._down: dict[str, tuple[str, ...]] = {}
+        """Per queue, its ancestors from the top down, then itself (``ROOT`` left out)."""
         self._children: dict[str, list[str]] = {ROOT: [q.name for q in cluster.roots]}
         self._weight: dict[str, float] = {}
         self._nominal: dict[tuple[str, str], Amounts] = {}
@@ -118,10 +120,10 @@ class QuotaTree:
         """Per pool, the answers of :meth:`check` since its usage last changed: a full
         fleet asks the same question of the same queue many times."""
         self._shares: dict[str, float] = {}
+        """:meth:`dominant_share` per queue, since its usage last changed."""
         self.guaranteed_version: dict[str, int] = {}
         """Per leaf, how many times its guaranteed usage changed (whether a request is
         within its nominal quota anywhere can only change then)."""
-        """:meth:`dominant_share` per queue, since its usage last changed."""
         for pool, cap in capacity.items():
             self._nominal[(ROOT, pool)] = dict(cap)
             self._usage[(ROOT, pool)] = {}
@@ -136,6 +138,7 @@ class QuotaTree:
         name = queue.name
         self._parent[name] = queue.parent.name if queue.parent is not None else ROOT
         self._chain[name] = (name, *(a.name for a in queue.ancestors()), ROOT)
+        self._down[name] = self._chain[name][-2::-1]
         self._children[name] = [c.name for c in queue.children]
         self._weight[name] = queue.spec.weight
         lend = queue.spec.lending_limit or {}
@@ -186,33 +189,27 @@ class QuotaTree:
         keep = self._reserved[key].get(resource, 0) if queue != ROOT else 0
         return max(0, nominal - max(demand, keep))
 
-    def _own_limit(self, queue: str, pool: str, resource: str) -> int | None:
-        limit = self._limit[(queue, pool)]
-        if not limit:
-            return None
-        if "*" in limit:
-            return 0
-        return limit.get(resource)
-
-    def headroom(self, queue: str, pool: str, resource: str) -> tuple[int | None, str | None]:
+    def headroom(self, queue: str, pool: str, resource: str) -> tuple[int, str]:
         """The most of ``resource`` that ``queue`` may still take in ``pool``, and the
-        level that limits it (None: unlimited)."""
-        chain = self._chain[queue]
-        root_cap = self._nominal[(ROOT, pool)].get(resource, 0)
-        best: int | None = root_cap - self._demand[(ROOT, pool)].get(resource, 0)
-        binder: str | None = ROOT
-        for name in reversed(chain[:-1]):
+        level that limits it (``ROOT``: the pool's capacity)."""
+        demand_of, reserved_of, limit_of = self._demand, self._reserved, self._limit
+        root = (ROOT, pool)
+        best = self._nominal[root].get(resource, 0) - demand_of[root].get(resource, 0)
+        binder = ROOT
+        for name in self._down[queue]:
             key = (name, pool)
-            demand = self._demand[key].get(resource, 0)
-            slack_free = max(0, self._reserved[key].get(resource, 0) - demand)
-            if best is not None:
+            demand = demand_of[key].get(resource, 0)
+            slack_free = reserved_of[key].get(resource, 0) - demand
+            if slack_free > 0:
                 best += slack_free
-            own = self._own_limit(name, pool, resource)
-            # On a tie the pool's capacity binds: a quota as large as the pool
-            # limits nothing the pool does not.
-            if own is not None and (best is None or own - demand < best):
-                best = own - demand
-                binder = name
+            limit = limit_of[key]
+            if limit:
+                own = 0 if "*" in limit else limit.get(resource)
+                # On a tie the pool's capacity binds: a quota as large as the pool
+                # limits nothing the pool does not.
+                if own is not None and own - demand < best:
+                    best = own - demand
+                    binder = name
         return best, binder
 
     def check(self, queue: str, pool: str, request: Mapping[str, int]) -> QuotaCheck:
@@ -236,8 +233,7 @@ class QuotaTree:
             if amount <= 0:
                 continue
             room, binder = self.headroom(queue, pool, resource)
-            if room is not None and amount > room:
-                assert binder is not None
+            if amount > room:
                 own = nominal.get(resource)
                 if (
                     binder == ROOT
