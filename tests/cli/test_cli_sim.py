@@ -156,3 +156,16 @@ def test_sim_without_cluster_file_uses_the_one_here(
     result = runner.invoke(app, ["sim", "trace.csv"])
     assert result.exit_code == 1
     assert "no cluster file: give -f cluster.yaml" in result.stderr
+
+
+def test_jittered_replay_names_its_seed(files: Path) -> None:
+    result = sim(files, "-p", "default", "--jitter-seed", "3", "-o", "json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data[0]["jitter_seed"] == 3 and data[0]["finished"] == 3
+    plain = json.loads(sim(files, "-p", "default", "-o", "json").stdout)
+    assert "jitter_seed" not in plain[0]
+    result = sim(files, "-p", "default", "--jitter-seed", "3")
+    assert result.exit_code == 0 and "jittered (seed 3)" in " ".join(result.stdout.split())
+    result = sim(files, "--jitter-seed", "-1")
+    assert result.exit_code != 0 and "--jitter-seed" in result.output

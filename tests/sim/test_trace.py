@@ -1,12 +1,20 @@
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from allotment.domain.cluster import Cluster
 from allotment.domain.job import JobType
-from allotment.sim.trace import TraceError, TraceJob, check_trace, read_trace, read_trace_rows
+from allotment.sim.trace import (
+    TraceError,
+    TraceJob,
+    check_trace,
+    jittered,
+    read_trace,
+    read_trace_rows,
+)
 
 HEADER = "job_id,submit_time,duration,queue,gpus,replicas,cpu,memory,pool,priority_class,type"
 GOOD = f"""{HEADER},max_runtime
@@ -155,3 +163,30 @@ def test_every_one_of_several_pools_must_be_open(tiny_cluster: Cluster) -> None:
     )
     with pytest.raises(TraceError, match="job j: pool 'h100' is not open to queue team-a"):
         check_trace([both], tiny_cluster, source="t.csv")
+
+
+def test_jittered_copies_delay_each_job_by_under_a_second() -> None:
+    jobs = [
+        TraceJob(job_id=f"j{i}", submit_time=float(i // 3), duration=10.0, queue="q", gpus=1)
+        for i in range(30)
+    ]
+    jobs[4] = TraceJob(
+        job_id="j4", submit_time=1.0, duration=10.0, queue="q", gpus=1, withdraw_at=5.0
+    )
+    first, again, other = jittered(jobs, 1), jittered(jobs, 1), jittered(jobs, 2)
+    assert first == again  # a seed draws the same copy every time
+    assert first != other
+    assert [j.job_id for j in first] == [j.job_id for j in jobs]
+    for before, after in zip(jobs, first, strict=True):
+        delay = after.submit_time - before.submit_time
+        assert 0 <= delay < 1
+        assert after == replace(
+            before,
+            submit_time=after.submit_time,
+            withdraw_at=None if before.withdraw_at is None else before.withdraw_at + delay,
+        )
+    assert first[4].withdraw_at is not None and first[4].withdraw_at - first[4].submit_time == 4.0
+    # Jobs submitted in the same second are drawn into a new order.
+    order = [j.job_id for j in sorted(first, key=lambda j: j.submit_time)]
+    assert order != [j.job_id for j in jobs]
+    assert sorted(order) == sorted(j.job_id for j in jobs)

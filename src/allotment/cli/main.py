@@ -139,6 +139,15 @@ def sim(
     time_scale: Annotated[
         float, typer.Option("--time-scale", help="Multiply submit times by this.")
     ] = 1.0,
+    jitter_seed: Annotated[
+        int | None,
+        typer.Option(
+            "--jitter-seed",
+            min=0,
+            help="Submit every job up to 1 s later (uniform, from this seed) before the "
+            "time scale: replays of a few seeds show which differences are chance.",
+        ),
+    ] = None,
     predict_every: Annotated[
         int,
         typer.Option(
@@ -185,7 +194,7 @@ def sim(
     from allotment.sim.policies import parse_policy
     from allotment.sim.replay import Replay
     from allotment.sim.results import ReplayResult
-    from allotment.sim.trace import check_trace
+    from allotment.sim.trace import check_trace, jittered
     from allotment.sim.trace_formats import load_trace
 
     names = policy or ["default"]
@@ -215,6 +224,8 @@ def sim(
         where = _cluster_path(None)
         cluster = load_cluster(where)
     jobs = loaded.jobs
+    if jitter_seed is not None:
+        jobs = jittered(jobs, jitter_seed)
     check_trace(jobs, cluster, source=trace)
     if loaded.note:
         typer.echo(f"note: {trace}: {loaded.note}", err=True)
@@ -248,6 +259,8 @@ def sim(
                 cluster, jobs, chosen, time_scale=time_scale, predict_every=predict_every
             ).run()
         summaries.append(summarize(result))
+        if jitter_seed is not None:
+            summaries[-1]["jitter_seed"] = jitter_seed
         if jobs_out is not None:
             target = _jobs_out_path(jobs_out, chosen.name, several=len(policies) > 1)
             write_jobs_out(result.attempts, target)
@@ -263,6 +276,8 @@ def sim(
         title = f"{trace}: {len(jobs)} jobs on {where}"
         if time_scale != 1.0:
             title += f", submit times x {time_scale:g}"
+        if jitter_seed is not None:
+            title += f", jittered (seed {jitter_seed})"
         console.print(render.comparison_table(summaries, title))
         if per_queue:
             for summary in summaries:

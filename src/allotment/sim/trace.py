@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import csv
 import math
+import random
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from allotment.domain.cluster import Cluster
@@ -311,3 +312,17 @@ def check_trace(jobs: Iterable[TraceJob], cluster: Cluster, *, source: str | Non
                 source=source,
                 line=job.line,
             )
+
+
+def jittered(jobs: Iterable[TraceJob], seed: int) -> list[TraceJob]:
+    """The same jobs, each submitted up to one second later (uniform, from ``seed``),
+    with its withdrawal moved as much: the same workload, with the order of jobs
+    submitted within a second of each other, and every tie after it, drawn anew. Replays
+    of a few such copies show how much of a difference between policies is chance."""
+    draw = random.Random(seed).random
+    out = []
+    for job in jobs:
+        delay = draw()
+        withdraw = None if job.withdraw_at is None else job.withdraw_at + delay
+        out.append(replace(job, submit_time=job.submit_time + delay, withdraw_at=withdraw))
+    return out
