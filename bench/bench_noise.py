@@ -85,13 +85,18 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parser.parse_args(argv)
     if args.copies < 1:
         parser.error("--copies must be at least 1")
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
+    if not (0 <= args.time_scale < float("inf")):
+        parser.error(f"--time-scale must be a finite number >= 0, got {args.time_scale}")
     for preset in args.presets:
         try:
             parse_policy(preset)  # a bad name fails here, not in a worker
         except AllotmentError as exc:
             parser.error(exc.message)
-    if not args.trace.is_file():
-        parser.error(f"{args.trace}: no such file")
+    for path in (args.trace, args.cluster):
+        if path is not None and not path.is_file():
+            parser.error(f"{path}: no such file")
     tasks = [
         (args.trace, args.cluster, preset, seed, args.time_scale)
         for seed in range(args.copies + 1)

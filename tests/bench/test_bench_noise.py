@@ -47,3 +47,10 @@ def test_bad_arguments_are_refused(synth: Path, capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit):
         main([str(synth / "absent.csv"), "-f", cluster])
     assert "absent.csv: no such file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([trace, "-f", str(synth / "absent.yaml")])
+    assert "absent.yaml: no such file" in capsys.readouterr().err
+    for bad in (["--workers", "0"], ["--time-scale", "-1"], ["--time-scale", "inf"]):
+        with pytest.raises(SystemExit):
+            main([trace, "-f", cluster, *bad])
+        assert bad[0] in capsys.readouterr().err
