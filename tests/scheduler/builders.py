@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
+import pytest
 import yaml
 
 from allotment.domain.cluster import Cluster
 from allotment.domain.loading import load_cluster_text
 from allotment.domain.resources import Resources
+from allotment.scheduler import COMPILED
 from allotment.scheduler.cycle import schedule_once
 from allotment.scheduler.decisions import Decisions
 from allotment.scheduler.snapshot import (
@@ -20,6 +22,19 @@ from allotment.scheduler.snapshot import (
     SchedulerPolicy,
     Snapshot,
 )
+
+_Test = TypeVar("_Test", bound=Callable[..., Any])
+
+
+def patches_core(test: _Test) -> _Test:
+    """For a test that patches the core's internals to count or change its steps: compiled
+    code calls its own functions directly and never sees a patch, so the test runs where
+    the core runs from its sources, and ``test_compiled.py`` runs it there when here the
+    core is compiled."""
+    skip = pytest.mark.skipif(COMPILED, reason="the core is compiled: run by test_compiled.py")
+    marked: _Test = pytest.mark.patches_core(skip(test))
+    return marked
+
 
 NOW = 1_767_600_000.0  # a Monday, 08:00 UTC (2026-01-05)
 

@@ -23,7 +23,7 @@ from allotment.scheduler.lines import Line, group_lines
 from allotment.scheduler.session import Session
 from allotment.scheduler.snapshot import PendingJob, SchedulerPolicy, Snapshot
 from allotment.scheduler.state import CycleState
-from tests.scheduler.builders import NOW, ClusterBuilder, job, running
+from tests.scheduler.builders import NOW, ClusterBuilder, job, patches_core, running
 from tests.scheduler.test_properties import (
     Limits,
     World,
@@ -167,6 +167,7 @@ def _cluster() -> ClusterBuilder:
 
 
 @SETTINGS
+@patches_core
 @given(worlds())
 def test_settling_a_line_of_known_answers_at_once_changes_no_decision(world: World) -> None:
     """A line whose remaining jobs all take answers already given this cycle is settled
@@ -196,6 +197,7 @@ def _full_node(backfill_depth: int) -> Session:
     return session
 
 
+@patches_core
 def test_a_line_of_jobs_asking_what_failed_is_settled_at_once() -> None:
     """Behind a head that does not fit, jobs asking the same take its answer: the line
     is settled in one step (not a heap turn each), up to the backfill depth, and each of

@@ -14,7 +14,7 @@ from allotment.scheduler import cycle as cycle_module
 from allotment.scheduler.placement import Placer
 from allotment.scheduler.pool_tries import PoolTries
 from allotment.scheduler.session import Session
-from tests.scheduler.builders import NOW, ClusterBuilder, job, running
+from tests.scheduler.builders import NOW, ClusterBuilder, job, patches_core, running
 
 
 def sessions() -> tuple[Session, Session]:
@@ -68,6 +68,7 @@ def cycle_both(quiet: Session, loud: Session, now: float) -> list[str]:
     return [x.job for x in a.admitted]
 
 
+@patches_core
 def test_no_node_fits_holds_while_what_others_free_is_still_too_small() -> None:
     quiet, loud = sessions()
     assert cycle_both(quiet, loud, NOW) == []
@@ -86,6 +87,7 @@ def test_no_node_fits_holds_while_what_others_free_is_still_too_small() -> None:
     assert cycle_both(quiet, loud, NOW + 3) == ["big"]
 
 
+@patches_core
 @pytest.mark.parametrize("change", ["own job ends", "a job joins"])
 def test_a_change_that_could_help_is_tried_again(change: str) -> None:
     quiet, loud = sessions()

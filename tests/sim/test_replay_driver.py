@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 
 import pytest
@@ -13,7 +14,7 @@ from allotment.scheduler.snapshot import PendingJob, ReplicaPlacement, Snapshot
 from allotment.sim.jobs_out import write_attempts
 from allotment.sim.metrics import summarize
 from allotment.sim.policies import parse_policy
-from allotment.sim.replay import Replay, ReplayError, replay
+from allotment.sim.replay import YOUNG_COLLECTION_EVERY, Replay, ReplayError, replay
 from allotment.sim.results import Attempt
 from allotment.sim.trace import TraceJob
 
@@ -180,7 +181,10 @@ def test_preemption_requeues_the_victim(tiny_cluster: Cluster) -> None:
 
 def test_never_started_jobs_are_unfinished(tiny_cluster: Cluster) -> None:
     def never(snapshot: Snapshot) -> Decisions:
-        return Decisions(now=snapshot.now, waiting={p.id: WAIT for p in snapshot.pending})
+        decisions = Decisions(now=snapshot.now)
+        for p in snapshot.pending:
+            decisions.waiting[p.id] = WAIT
+        return decisions
 
     result = replay(tiny_cluster, [job("a", 3, 10)], parse_policy("default"), scheduler=never)
     (a,) = result.jobs
@@ -190,6 +194,27 @@ def test_never_started_jobs_are_unfinished(tiny_cluster: Cluster) -> None:
     assert summary["unfinished"] == 1
     assert summary["jct_avg_s"] is None
     assert summary["wait_avg_s"] is None
+
+
+def test_a_replay_collects_garbage_less_often_and_puts_it_back(tiny_cluster: Cluster) -> None:
+    before = gc.get_threshold()
+    seen: list[tuple[int, int, int]] = []
+
+    def watching(snapshot: Snapshot) -> Decisions:
+        seen.append(gc.get_threshold())
+        return one_node_fifo(snapshot)
+
+    replay(tiny_cluster, [job("a", 0, 10)], parse_policy("default"), scheduler=watching)
+    assert seen and seen[0] == (YOUNG_COLLECTION_EVERY, *before[1:])
+    assert gc.get_threshold() == before
+    with pytest.raises(ReplayError):  # also when the replay fails
+        replay(
+            tiny_cluster,
+            [job("a", 0, 10), job("b", 0, 10)],
+            parse_policy("default"),
+            scheduler=lambda s: Decisions(now=s.now, admitted=[admit(p, "n01") for p in s.pending]),
+        )
+    assert gc.get_threshold() == before
 
 
 def test_over_commit_is_caught(tiny_cluster: Cluster) -> None:

@@ -54,8 +54,27 @@ class NodeState:
         "topology",
         "whole_free",
     )
+    name: str
+    pool: str
+    capacity: dict[str, int]
+    free: dict[str, int]
+    topology: dict[str, str]
+    device_free: list[int]
+    whole_free: int
+    device_memory: int | None
+    held: list[int]
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node | NodeState) -> None:
+        """The node's state with nothing held, or (given a state) a copy of that state
+        whose free capacity can change independently."""
+        if isinstance(node, NodeState):
+            self.name, self.pool, self.capacity = node.name, node.pool, node.capacity
+            self.topology, self.whole_free = node.topology, node.whole_free
+            self.device_memory = node.device_memory
+            self.free = dict(node.free)
+            self.device_free = list(node.device_free)
+            self.held = list(node.held)
+            return
         self.name = node.name
         self.pool = node.pool
         self.capacity = node.capacity.as_dict()
@@ -65,7 +84,7 @@ class NodeState:
         self.device_free = [MILLI] * count
         self.whole_free = count
         memory = self.capacity.get(GPU_MEMORY)
-        self.device_memory: int | None = memory // count if memory and count else None
+        self.device_memory = memory // count if memory and count else None
         """GPU memory of one device (the node's ``gpu_memory`` over its devices)."""
         self.held = [0, 0]
         """Milli-GPUs held here by owners' jobs and by guests' jobs (:data:`OWNER`,
@@ -73,14 +92,7 @@ class NodeState:
 
     def twin(self) -> NodeState:
         """A copy whose free capacity can change independently."""
-        copy = NodeState.__new__(NodeState)
-        copy.name, copy.pool, copy.capacity = self.name, self.pool, self.capacity
-        copy.topology, copy.whole_free = self.topology, self.whole_free
-        copy.device_memory = self.device_memory
-        copy.free = dict(self.free)
-        copy.device_free = list(self.device_free)
-        copy.held = list(self.held)
-        return copy
+        return NodeState(self)
 
     def mixes(self, side: int | None) -> bool:
         """Whether a job of ``side`` here would share the node with the other side."""

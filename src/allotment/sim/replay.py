@@ -55,6 +55,7 @@ the driver hands them (nothing when the core is a snapshot function).
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import time
@@ -82,6 +83,10 @@ __all__ = [
     "pending_job",
     "replay",
 ]
+
+YOUNG_COLLECTION_EVERY = 100_000
+"""Allocations between two young garbage collections during a replay (Python's default
+is 700)."""
 
 
 def default_scheduler() -> Scheduler | None:
@@ -160,6 +165,18 @@ class Replay:
         """When the last turn was taken (something happened)."""
 
     def run(self) -> ReplayResult:
+        """Replay every event; the jobs' results, the figures of the run."""
+        # A replay allocates short-lived objects by the million beside a large heap that
+        # lives as long as it does: a young collection every 700 allocations walks that
+        # heap for nothing (7% of a saturated replay's CPU); one every 100,000 does not.
+        threshold = gc.get_threshold()
+        gc.set_threshold(YOUNG_COLLECTION_EVERY, *threshold[1:])
+        try:
+            return self._run()
+        finally:
+            gc.set_threshold(*threshold)
+
+    def _run(self) -> ReplayResult:
         started = time.perf_counter()
         core = self.core
         session = core if isinstance(core, Session) else None
