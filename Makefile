@@ -31,7 +31,7 @@ $(CORE_STAMP): $(CORE_SOURCES) $(STAMP)
 	rm -f $(CORE)/*.so src/*__mypyc*.so
 	mkdir -p src/build
 	if (cd src && $(abspath $(BIN))/mypyc $(patsubst src/%,%,$(CORE_SOURCES)) > build/compile-core.log 2>&1); \
-	then echo "compiled the scheduling core"; \
+	then touch $(CORE)/*.so src/*__mypyc*.so; echo "compiled the scheduling core"; \
 	else tail -5 src/build/compile-core.log; rm -f $(CORE)/*.so src/*__mypyc*.so; \
 	echo "note: the scheduling core was not compiled; its sources run as they are"; fi
 	touch $@

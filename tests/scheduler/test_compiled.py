@@ -1,12 +1,14 @@
 """The compiled scheduling core (``make compiled``): it decides exactly as its sources do,
-the tests that patch the core's internals pass on the sources, and a source newer than
-the compiled modules turns them off. Skipped where the core is not compiled (no C
-compiler); ``make test`` compiles it first."""
+the tests that patch the core's internals pass on the sources, a source newer than the
+compiled modules turns them off, and the core's value types survive pickling (the
+what-if's worker processes). Skipped where the core is not compiled (no C compiler),
+but for the last; ``make test`` compiles it first."""
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -15,12 +17,15 @@ from pathlib import Path
 import pytest
 
 import allotment.scheduler as core
+from allotment.domain.reasons import Reason, ReasonCode
+from allotment.scheduler.decisions import Admit, Preempt, Victim
+from allotment.scheduler.snapshot import PendingJob, ReplicaPlacement, ReplicaRequest
 from allotment.sim.synthetic import GangHeavy, cluster_yaml, gang_heavy, trace_csv
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = Path(core.__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(
+compiled_only = pytest.mark.skipif(
     not core.COMPILED, reason="the scheduling core is not compiled here (make compiled)"
 )
 
@@ -48,6 +53,7 @@ def where_cycle_comes_from(pythonpath: Path, *, pure: bool = False) -> tuple[boo
     return out[0] == "True", out[1]
 
 
+@compiled_only
 def test_the_core_runs_compiled_unless_told_otherwise() -> None:
     compiled, where = where_cycle_comes_from(SRC)
     assert compiled and where.endswith(".so")
@@ -55,6 +61,7 @@ def test_the_core_runs_compiled_unless_told_otherwise() -> None:
     assert not compiled and where.endswith("cycle.py")
 
 
+@compiled_only
 def test_a_source_newer_than_the_compiled_modules_turns_them_off(tmp_path: Path) -> None:
     copy = tmp_path / "src"
     shutil.copytree(SRC / "allotment", copy / "allotment")  # modification times kept
@@ -66,6 +73,7 @@ def test_a_source_newer_than_the_compiled_modules_turns_them_off(tmp_path: Path)
     assert not compiled and where == str(copy / "allotment" / "scheduler" / "cycle.py")
 
 
+@compiled_only
 def test_the_tests_that_patch_the_core_pass_on_its_sources() -> None:
     ran = subprocess.run(
         [
@@ -90,6 +98,7 @@ def test_the_tests_that_patch_the_core_pass_on_its_sources() -> None:
     assert " passed" in ran.stdout and "skipped" not in ran.stdout
 
 
+@compiled_only
 def test_compiled_and_sources_decide_alike(tmp_path: Path) -> None:
     workload = gang_heavy(GangHeavy(load=0.95, seed=2, nodes=8, days=1.0))
     (tmp_path / "trace.csv").write_text(trace_csv(workload))
@@ -116,3 +125,21 @@ def test_compiled_and_sources_decide_alike(tmp_path: Path) -> None:
     for preset in presets:
         assert compiled[1][preset] == pure_[1][preset], preset
     assert sum(s["preemptions"] for s in compiled[0]) > 0  # the trace is contended
+
+
+def test_the_core_value_types_survive_pickling() -> None:
+    request = ReplicaRequest(name="worker", count=2, resources={"gpu": 1000})
+    placed = ReplicaPlacement(group="worker", index=1, node="n1", resources={"gpu": 1000})
+    victim = Victim(job="b", queue="q2", cause="reclaim", message="reclaimed for a")
+    reason = Reason(ReasonCode.WAITING_FOR_PREEMPTION, "preempting b", {"victims": ["b"]})
+    values: list[object] = [
+        request,
+        placed,
+        PendingJob(id="a", queue="q", priority_class="p", submit_time=1.0, replicas=(request,)),
+        victim,
+        Admit(job="a", queue="q", pool="p", placements=(placed,), borrowed={"gpu": 1000}),
+        Preempt(job="a", queue="q", pool="p", victims=(victim,), reason=reason),
+    ]
+    for value in values:
+        again = pickle.loads(pickle.dumps(value))
+        assert again == value and type(again) is type(value)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from allotment.domain.reasons import Reason
-from allotment.scheduler.snapshot import PendingJob, ReplicaPlacement, RunningJob
+from allotment.scheduler.snapshot import PendingJob, ReplicaPlacement, RunningJob, by_fields
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -23,6 +23,9 @@ class Admit:
     borrowed: dict[str, int] = field(default_factory=dict)
     lenders: tuple[str, ...] = ()
     backfilled: bool = False
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        return by_fields(self)
 
     def running(self, job: PendingJob, *, at: float) -> RunningJob:
         """The running job this admission of ``job`` becomes when it starts at ``at``:
@@ -50,6 +53,9 @@ class Victim:
     """``within_queue``, ``reclaim`` or ``borrow_only``."""
     message: str
 
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        return by_fields(self)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Preempt:
@@ -61,6 +67,9 @@ class Preempt:
     pool: str
     victims: tuple[Victim, ...]
     reason: Reason
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        return by_fields(self)
 
 
 class WaitingReasons(Mapping[str, Reason]):

@@ -6,8 +6,9 @@ amounts are integer milli-units (see :mod:`allotment.domain.resources`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from allotment.domain.cluster import Cluster, Node
 from allotment.domain.job import JobSpec
@@ -56,6 +57,17 @@ class SchedulerPolicy:
     """Replay only: the scheduler is shown true durations as expected runtimes."""
 
 
+def by_fields(value: Any) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """``__reduce__`` of the core's frozen value types: rebuilt from their fields by
+    keyword. (Compiled with mypyc, a frozen class cannot be unpickled field by field, as
+    pickle does by default; the what-if's worker processes receive and return them.)"""
+    return _rebuilt, (type(value), {f.name: getattr(value, f.name) for f in fields(value)})
+
+
+def _rebuilt(cls: Callable[..., Any], values: dict[str, Any]) -> Any:
+    return cls(**values)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReplicaRequest:
     """One replica group of a job: ``count`` replicas of ``resources`` (milli-units)."""
@@ -63,6 +75,9 @@ class ReplicaRequest:
     name: str = "worker"
     count: int = 1
     resources: Mapping[str, int] = field(default_factory=dict)
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        return by_fields(self)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,6 +92,9 @@ class ReplicaPlacement:
     node: str
     resources: Mapping[str, int]
     devices: tuple[int, ...] = ()
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        return by_fields(self)
 
 
 @dataclass(slots=True, kw_only=True)
