@@ -9,6 +9,7 @@ LINT_PATHS := $(wildcard src tests bench)
 
 CORE := src/allotment/scheduler
 CORE_SOURCES := $(filter-out $(CORE)/__init__.py,$(wildcard $(CORE)/*.py))
+CORE_IMPORTS := $(wildcard src/allotment/domain/*.py)
 CORE_STAMP := $(CORE)/.compiled
 
 .PHONY: up test venv compiled
@@ -23,11 +24,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $(STAMP)
 
 # The scheduling core compiled with mypyc into extension modules beside its sources (the
-# same decisions, faster); they run while newer than every source of the core (see
-# src/allotment/scheduler/__init__.py). Without a C compiler the sources run as they are.
+# same decisions, faster); they run while newer than every source they were built from,
+# the core's and the domain's (see src/allotment/scheduler/__init__.py). Without a C compiler the sources run as they are.
 compiled: $(CORE_STAMP)
 
-$(CORE_STAMP): $(CORE_SOURCES) $(STAMP)
+$(CORE_STAMP): $(CORE_SOURCES) $(CORE_IMPORTS) $(STAMP)
 	rm -f $(CORE)/*.so src/*__mypyc*.so
 	mkdir -p src/build
 	if (cd src && $(abspath $(BIN))/mypyc $(patsubst src/%,%,$(CORE_SOURCES)) > build/compile-core.log 2>&1); \

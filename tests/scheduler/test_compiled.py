@@ -68,9 +68,14 @@ def test_a_source_newer_than_the_compiled_modules_turns_them_off(tmp_path: Path)
     for lib in SRC.glob("*__mypyc*"):
         shutil.copy2(lib, copy / lib.name)
     assert where_cycle_comes_from(copy)[0]
-    (copy / "allotment" / "scheduler" / "quota.py").touch()  # an edit
-    compiled, where = where_cycle_comes_from(copy)
-    assert not compiled and where == str(copy / "allotment" / "scheduler" / "cycle.py")
+    built = [*(copy / "allotment" / "scheduler").glob("*.so"), *copy.glob("*.so")]
+    for edited in ("scheduler/quota.py", "domain/resources.py"):  # its own, what it imports
+        (copy / "allotment" / edited).touch()
+        compiled, where = where_cycle_comes_from(copy)
+        assert not compiled and where == str(copy / "allotment" / "scheduler" / "cycle.py")
+        for module in built:
+            module.touch()  # built again
+        assert where_cycle_comes_from(copy)[0]
 
 
 @compiled_only

@@ -82,7 +82,17 @@ def most_relevant(reasons: list[Reason]) -> Reason:
     """
     if not reasons:
         raise ValueError("most_relevant needs at least one reason")
-    gates = [r for r in reasons if r.code not in SHORTAGES]
-    if gates:
-        return max(gates, key=lambda r: SEVERITY[r.code])
-    return min(reasons, key=lambda r: SEVERITY[r.code])
+    # One pass (a cycle asks this for most jobs it tries): the first gate of the highest
+    # severity, else the first shortage of the lowest.
+    gate: Reason | None = None
+    shortage: Reason | None = None
+    for reason in reasons:
+        severity = SEVERITY[reason.code]
+        if reason.code in SHORTAGES:
+            if shortage is None or severity < SEVERITY[shortage.code]:
+                shortage = reason
+        elif gate is None or severity > SEVERITY[gate.code]:
+            gate = reason
+    best = gate if gate is not None else shortage
+    assert best is not None
+    return best

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Set
-from dataclasses import dataclass, field
 
 from allotment.domain.cluster import Cluster, Queue
 from allotment.domain.reasons import Reason, ReasonCode
@@ -35,20 +34,45 @@ _NONE: frozenset[str] = frozenset()
 Amounts = dict[str, int]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class QuotaCheck:
-    """The answer to "may this queue take this much more in this pool?"."""
+    """The answer to "may this queue take this much more in this pool?" (kept and shared
+    while the pool's usage is the same: never changed once made). A plain class, not a
+    dataclass: the quota is checked for most tries, and compiled (see the package), a
+    plain class is built without running Python code."""
 
-    fits: bool
-    borrowed: Amounts = field(default_factory=dict)
-    """Milli-units of the request above the leaf's unused nominal quota."""
-    blocking_queue: str | None = None
-    """The level that said no (``ROOT`` for the pool's capacity)."""
-    resource: str | None = None
-    requested: int = 0
-    used: int = 0
-    nominal: int | None = None
-    borrowable: int = 0
+    __slots__ = (
+        "blocking_queue",
+        "borrowable",
+        "borrowed",
+        "fits",
+        "nominal",
+        "requested",
+        "resource",
+        "used",
+    )
+
+    def __init__(
+        self,
+        *,
+        fits: bool,
+        borrowed: Amounts | None = None,
+        blocking_queue: str | None = None,
+        resource: str | None = None,
+        requested: int = 0,
+        used: int = 0,
+        nominal: int | None = None,
+        borrowable: int = 0,
+    ) -> None:
+        self.fits = fits
+        self.borrowed: Amounts = {} if borrowed is None else borrowed
+        """Milli-units of the request above the leaf's unused nominal quota."""
+        self.blocking_queue = blocking_queue
+        """The level that said no (``ROOT`` for the pool's capacity)."""
+        self.resource = resource
+        self.requested = requested
+        self.used = used
+        self.nominal = nominal
+        self.borrowable = borrowable
 
     def detail(self, pool: str) -> dict[str, object]:
         return {
