@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from allotment.domain.cluster import Cluster
 from allotment.scheduler.snapshot import SchedulerPolicy
 
 from .builders import NOW, ClusterBuilder, admitted, codes, cycle, job, running, victims
@@ -250,3 +251,56 @@ def test_a_borrower_already_giving_back_is_not_reclaimed_twice() -> None:
     terminating = [runs[0], replace(runs[1], terminating=True)]
     later = cycle(cluster, [replace(pending[0], preempting=("a2",)), pending[1]], terminating)
     assert later.preemptions == []
+
+
+def owed_a_gang(*, nodes: int, b_gpus: int) -> Cluster:
+    """One pool of 8-GPU nodes: ``a`` guaranteed 16 GPUs, ``b`` ``b_gpus``, ``c`` 8."""
+    return (
+        ClusterBuilder()
+        .pool("a100", nodes=nodes)
+        .leaf("a", quota={"a100": {"gpu": 16}})
+        .leaf("b", quota={"a100": {"gpu": b_gpus}})
+        .leaf("c", quota={"a100": {"gpu": 8}})
+        .build()
+    )
+
+
+def test_a_gang_reclaims_whole_nodes_when_borrowers_spread_over_shared_ones() -> None:
+    # a is owed 16 GPUs and asks for two whole nodes. b borrows 12 beyond its 8: two
+    # whole nodes and four 1-GPU jobs on a node it shares with c (within its guarantee).
+    # Taken one by one, the newest first, the small jobs free no node and b is back
+    # within its guarantee before both whole nodes are; node by node, they are.
+    cluster = owed_a_gang(nodes=4, b_gpus=8)
+    runs = [
+        running("b-old", "b", "a100-00", gpu=8, start=NOW - 1000),
+        running("b-new", "b", "a100-01", gpu=8, start=NOW - 900),
+    ]
+    for i in range(4):
+        runs.append(running(f"b{i}", "b", "a100-02", first_device=i, start=NOW - 100 + i))
+        runs.append(running(f"c{i}", "c", "a100-02", first_device=4 + i))
+        runs.append(running(f"c{i + 4}", "c", "a100-03", first_device=i))
+    decisions = cycle(cluster, [job("gang", "a", gpu=8, replicas=2)], runs)
+    assert victims(decisions) == {"gang": ["b-new", "b-old"]}
+    assert {v.cause for v in decisions.preemptions[0].victims} == {"reclaim"}
+
+
+def test_node_by_node_the_nodes_with_the_least_work_lost_go_first() -> None:
+    # b borrows 16 GPUs beyond its 16: three nodes of its own and eight 1-GPU jobs beside
+    # c's. a's gang needs two whole nodes: the two whose jobs have run the fewest GPU
+    # hours, not the one holding b's most recently started job (it also holds one that has
+    # run for hours).
+    cluster = owed_a_gang(nodes=5, b_gpus=16)
+    runs = [
+        running("b-1000s", "b", "a100-00", gpu=8, start=NOW - 1000),
+        running("b-900s", "b", "a100-01", gpu=8, start=NOW - 900),
+        running("b-100s", "b", "a100-02", gpu=4, start=NOW - 100),
+        running("b-5000s", "b", "a100-02", gpu=4, first_device=4, start=NOW - 5000),
+    ]
+    for node in ("a100-03", "a100-04"):
+        runs += [
+            running(f"b{node[-1]}{i}", "b", node, first_device=i, start=NOW - 10 + i)
+            for i in range(4)
+        ]
+        runs += [running(f"c{node[-1]}{i}", "c", node, first_device=4 + i) for i in range(4)]
+    decisions = cycle(cluster, [job("gang", "a", gpu=8, replicas=2)], runs)
+    assert victims(decisions) == {"gang": ["b-1000s", "b-900s"]}

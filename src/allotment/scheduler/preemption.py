@@ -16,7 +16,12 @@ Which of these the policy allows -- none, reclaim only, or priority within a que
 reclaim -- and the candidates' order are its victim rule's
 (:class:`~allotment.scheduler.victims.VictimRule`); this module is the search. It removes
 candidates one by one (undoable what-ifs) until the job fits in quota and on nodes, then
-gives back every victim it can do without, and verifies.
+gives back every victim it can do without, and verifies. A gang that does not fit that way
+is tried again node by node: the nodes that its victims could free for one of its
+replicas, least work lost first, each node's victims together (one by one, the most
+recently started first, a gang's victims are spread over many nodes, and a borrower's
+queue is back within its guarantee before any node is whole again). A one-replica job
+compares the nodes that could be freed for it (:func:`_on_one_node`).
 """
 
 from __future__ import annotations
@@ -141,14 +146,49 @@ def plan_victims(
         if plan is not None or not some_node:
             return plan  # a single replica needs one node: no node, no plan
 
+    plan = _take(state, [(None, 0, [item]) for item in candidates], still_borrowing, fits)
+    if plan is None and job.replica_count > 1:
+        need = min(r.resources.get(GPU, 0) for r in job.replicas)
+        if need:
+            plan = _take(state, _node_groups(state, candidates, need), still_borrowing, fits)
+    return plan
+
+
+Group = tuple[str | None, int, list[tuple[Holder, str]]]
+"""Victims taken together: those of one node (named) that must leave the milli-GPUs
+given free there, or one victim (no node, 0)."""
+
+
+def _take(
+    state: CycleState,
+    groups: list[Group],
+    still_borrowing: Callable[[str], bool],
+    fits: Callable[[], PlacementResult | None],
+) -> VictimPlan | None:
+    """Remove ``groups`` in order until the job fits, then give back every victim it can
+    do without (most valuable first), and verify. A node's group is kept only if it leaves
+    the GPUs it names free there, else it is given back at once; a borrower is skipped
+    once its queue is back within its guarantee. Leaves ``state`` as it found it."""
     removed: list[tuple[Holder, str]] = []
+    gone: set[str] = set()
     placement: PlacementResult | None = None
     try:
-        for holder, cause in candidates:
-            if cause == "reclaim" and not still_borrowing(holder.queue):
-                continue  # that queue is back within its guarantee
-            state.unhold(holder)
-            removed.append((holder, cause))
+        for node, need, group in groups:
+            took: list[tuple[Holder, str]] = []
+            for holder, cause in group:
+                if holder.id in gone or (cause == "reclaim" and not still_borrowing(holder.queue)):
+                    continue  # taken with another node, or its queue is within its guarantee
+                state.unhold(holder)
+                gone.add(holder.id)
+                took.append((holder, cause))
+            if not took:
+                continue
+            if node is not None and state.placer.nodes[node].free.get(GPU, 0) < need:
+                for holder, _ in reversed(took):
+                    state.hold(holder)
+                    gone.discard(holder.id)
+                continue  # this node cannot be freed enough: keep its jobs
+            removed.extend(took)
             placement = fits()
             if placement is not None:
                 break
@@ -170,6 +210,32 @@ def plan_victims(
     finally:
         for holder, _ in removed:
             state.hold(holder)
+
+
+def _node_groups(state: CycleState, candidates: list[tuple[Holder, str]], need: int) -> list[Group]:
+    """The candidates node by node, for a gang whose smallest replica asks ``need``
+    milli-GPUs: only the nodes that have less free but would have enough with every
+    candidate there gone; those giving up the lowest priority first, then those whose
+    candidates lose the least work (GPUs times time run, a gang's GPUs on every node it
+    spans counted); a node's candidates in their given order."""
+    by_node: dict[str, list[tuple[Holder, str]]] = {}
+    for item in candidates:
+        for node in dict.fromkeys(p.node for p in item[0].placements):
+            by_node.setdefault(node, []).append(item)
+    ranked: list[tuple[tuple[int, float], str, list[tuple[Holder, str]]]] = []
+    for node, items in by_node.items():
+        target = state.placer.nodes.get(node)
+        if target is None:
+            continue
+        free = target.free.get(GPU, 0)
+        held = sum(
+            p.resources.get(GPU, 0) for h, _ in items for p in h.placements if p.node == node
+        )
+        if free < need <= free + held:
+            lost = sum(h.total.get(GPU, 0) * max(0.0, state.now - h.start_time) for h, _ in items)
+            ranked.append(((max(h.klass.value for h, _ in items), lost), node, items))
+    ranked.sort(key=lambda r: r[0])
+    return [(node, need, items) for _, node, items in ranked]
 
 
 def _releasing(state: CycleState, pool: str, taken: set[str]) -> dict[str, dict[str, int]]:
