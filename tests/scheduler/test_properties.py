@@ -11,7 +11,9 @@ invariants that must hold whatever the input:
 3. quota is respected (nominal without borrowing; nominal + borrowing limit with it);
 4. every pending job gets exactly one outcome;
 5. victims are never non-preemptible and never already terminating;
-6. guaranteed (nominal) quota can be reclaimed within one cycle;
+6. guaranteed (nominal) quota can be reclaimed within one cycle, and where borrowers'
+   small jobs share nodes with others' the victims chosen for a gang suffice and all
+   belong to queues that borrowed;
 7. the same snapshot gives the same decisions.
 
 The bugs these found are kept as plain regression tests at the end.
@@ -728,6 +730,70 @@ def test_guaranteed_quota_is_reclaimable_within_one_cycle(case: ReclaimCase) -> 
     preempts = [p for p in decisions.preemptions if p.job == "claim"]
     assert preempts, f"neither admitted nor preempting: {decisions.waiting.get('claim')}"
     gone = {v.job for v in preempts[0].victims}
+    remaining = [r for r in case.running if r.id not in gone]
+    after = cycle(case.cluster, [replace(case.claim, preempting=tuple(gone))], remaining)
+    assert admitted(after) == ["claim"], (
+        f"victims {sorted(gone)} did not suffice: {after.waiting.get('claim')}"
+    )
+
+
+@st.composite
+def owed_gang_cases(draw: st.DrawFn) -> ReclaimCase:
+    """One pool of 8-GPU nodes filled in a random order by a borrower's whole-node and
+    small jobs and by another queue's small jobs within its guarantee; then a queue that
+    holds nothing asks for whole nodes within its guarantee (a gang)."""
+    nodes = draw(st.integers(4, 7))
+    owed = draw(st.integers(2, nodes - 2))
+    kept = draw(st.integers(1, 8))  # c's guarantee, in GPUs
+    cluster = (
+        ClusterBuilder()
+        .classes(*PRIORITY_CLASSES)
+        .pool("p", nodes=nodes, gpu=8)
+        .leaf("a", quota={"p": {"gpu": 8 * owed}})
+        .leaf("b", quota={"p": {"gpu": 8 * (nodes - owed) - kept - draw(st.integers(0, 8))}})
+        .leaf("c", quota={"p": {"gpu": kept}})
+        .build()
+    )
+    sizes = draw(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=3 * nodes, max_size=5 * nodes))
+    if draw(st.booleans()):  # whole nodes first: the newest jobs are the small ones
+        sizes.sort(reverse=True)
+    jobs = [
+        job(
+            f"j{i}",
+            "c" if gpus < 8 and draw(st.booleans()) else "b",
+            gpu=gpus,
+            prio="normal",
+            submit=NOW - 10_000 + i,
+        )
+        for i, gpus in enumerate(sizes)
+    ]
+    runs: list[RunningJob] = []
+    for i in range(0, len(jobs), 3):  # a few jobs per round, so that they interleave
+        batch = {j.id: j for j in jobs[i : i + 3]}
+        decisions = cycle(cluster, batch.values(), runs, now=NOW - 5000 + i)
+        runs += [
+            as_running(a, batch[a.job], start=NOW - 5000 + i, end=None) for a in decisions.admitted
+        ]
+    claim = job(
+        "claim", "a", gpu=8, replicas=draw(st.integers(2, owed)), prio="normal", submit=NOW - 30
+    )
+    return ReclaimCase(cluster=cluster, running=runs, claim=claim)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(owed_gang_cases())
+def test_victims_chosen_for_an_owed_gang_suffice(case: ReclaimCase) -> None:
+    """Whatever the search finds (one by one or node by node), taking those victims lets
+    the job in, and they are only jobs of queues that borrowed."""
+    decisions = cycle(case.cluster, [case.claim], case.running)
+    preempts = [p for p in decisions.preemptions if p.job == "claim"]
+    if not preempts:
+        return
+    gone = {v.job for v in preempts[0].victims}
+    for queue in {v.queue for v in preempts[0].victims}:
+        held = sum(r.total().get(GPU, 0) for r in case.running if r.queue == queue)
+        nominal = case.cluster.queues[queue].nominal["p"].as_dict().get(GPU, 0)
+        assert held > nominal, f"{queue} was not borrowing ({held} of {nominal})"
     remaining = [r for r in case.running if r.id not in gone]
     after = cycle(case.cluster, [replace(case.claim, preempting=tuple(gone))], remaining)
     assert admitted(after) == ["claim"], (
