@@ -25,7 +25,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 # The scheduling core compiled with mypyc into extension modules beside its sources (the
 # same decisions, faster); they run while newer than every source they were built from,
-# the core's and the domain's (see src/allotment/scheduler/__init__.py). Without a C compiler the sources run as they are.
+# the core's and the domain's (see src/allotment/scheduler/__init__.py). Without a C
+# compiler the sources run as they are.
 compiled: $(CORE_STAMP)
 
 $(CORE_STAMP): $(CORE_SOURCES) $(CORE_IMPORTS) $(STAMP)
