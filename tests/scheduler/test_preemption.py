@@ -304,3 +304,33 @@ def test_node_by_node_the_nodes_with_the_least_work_lost_go_first() -> None:
         runs += [running(f"c{node[-1]}{i}", "c", node, first_device=4 + i) for i in range(4)]
     decisions = cycle(cluster, [job("gang", "a", gpu=8, replicas=2)], runs)
     assert victims(decisions) == {"gang": ["b-1000s", "b-900s"]}
+
+
+def test_a_job_takes_the_victim_that_loses_the_least_work() -> None:
+    # a is owed one GPU. b borrows: a gang on two whole nodes and a 1-GPU job that has
+    # run for two hours beside c's jobs (7,200 GPU-seconds lost if taken). A gang started
+    # a minute ago loses 16 x 60 = 960 GPU-seconds and goes; one that has run ten minutes
+    # (9,600) stays, and the small job goes, though the gang started more recently.
+    cluster = owed_a_gang(nodes=3, b_gpus=8)
+    old_small = running("b-small", "b", "a100-02", start=NOW - 7200)
+    c_jobs = [running(f"c{i}", "c", "a100-02", first_device=1 + i) for i in range(7)]
+    for ran, taken in ((60, "b-gang"), (600, "b-small")):
+        gang = running("b-gang", "b", {"a100-00": 8, "a100-01": 8}, gpu=8, start=NOW - ran)
+        decisions = cycle(cluster, [job("a1", "a", gpu=1)], [gang, old_small, *c_jobs])
+        assert victims(decisions) == {"a1": [taken]}, ran
+
+
+def test_a_gang_takes_the_set_of_nodes_that_loses_the_least_work() -> None:
+    # a's gang needs two whole nodes. b borrows a 2-node gang that has run 125 s (2,000
+    # GPU-s) and two nodes of 1-GPU jobs that have run 100 s and 300 s each (800 and 2,400
+    # GPU-s a node). Removed one by one, cheapest first, the small jobs free both their
+    # nodes before the gang is reached (3,200 GPU-s); node by node, the gang alone does.
+    cluster = owed_a_gang(nodes=5, b_gpus=8)
+    runs = [running("b-gang", "b", {"a100-00": 8, "a100-01": 8}, gpu=8, start=NOW - 125)]
+    for node, ran in (("a100-03", 100), ("a100-04", 300)):
+        runs += [
+            running(f"b{node[-1]}{i}", "b", node, first_device=i, start=NOW - ran) for i in range(8)
+        ]
+    runs += [running(f"c{i}", "c", "a100-02", first_device=i) for i in range(8)]
+    decisions = cycle(cluster, [job("gang", "a", gpu=8, replicas=2)], runs)
+    assert victims(decisions) == {"gang": ["b-gang"]}

@@ -1,7 +1,8 @@
 """Victim search: the smallest set of running jobs whose removal lets a job in.
 
 Candidates, in the order they are given up: ``borrow_only`` jobs first, then the lowest
-priority, then the least run time lost (the most recently started). A job may take:
+priority, then the least work lost (GPUs times time run: a gang that has run an hour
+loses far more than a 1-GPU job that has run two). A job may take:
 
 * within its own queue, jobs of lower priority when the queue's
   ``preemption.within_queue`` is ``lower_priority`` (``any``: equal priority too);
@@ -16,11 +17,11 @@ Which of these the policy allows -- none, reclaim only, or priority within a que
 reclaim -- and the candidates' order are its victim rule's
 (:class:`~allotment.scheduler.victims.VictimRule`); this module is the search. It removes
 candidates one by one (undoable what-ifs) until the job fits in quota and on nodes, then
-gives back every victim it can do without, and verifies. A gang that does not fit that way
-is tried again node by node: the nodes that its victims could free for one of its
-replicas, least work lost first, each node's victims together (one by one, the most
-recently started first, a gang's victims are spread over many nodes, and a borrower's
-queue is back within its guarantee before any node is whole again). A one-replica job
+gives back every victim it can do without, and verifies. A gang is also tried node by
+node: the nodes that its victims could free for one of its replicas, least work lost
+first, each node's victims together (one by one, a gang's victims may be spread over
+many nodes, and a borrower's queue be back within its guarantee before any node is
+whole again); of the two sets, it takes the one that loses less work. A one-replica job
 compares the nodes that could be freed for it (:func:`_on_one_node`).
 """
 
@@ -37,6 +38,7 @@ from allotment.scheduler.decisions import Victim
 from allotment.scheduler.placement import Claims, NodeState, PlacementResult, per_node
 from allotment.scheduler.snapshot import PendingJob
 from allotment.scheduler.state import CycleState, Holder
+from allotment.scheduler.victims import lost_work
 
 MAX_CANDIDATES = 512
 """Bound on the candidates examined for one preemptor (keeps a cycle fast)."""
@@ -147,11 +149,25 @@ def plan_victims(
             return plan  # a single replica needs one node: no node, no plan
 
     plan = _take(state, [(None, 0, [item]) for item in candidates], still_borrowing, fits)
-    if plan is None and job.replica_count > 1:
+    if job.replica_count > 1:
         need = min(r.resources.get(GPU, 0) for r in job.replicas)
         if need:
-            plan = _take(state, _node_groups(state, candidates, need), still_borrowing, fits)
+            # Node by node as well, and the set that loses less is taken: one by one,
+            # the cheapest victims may free whole nodes that cost more than a borrower's
+            # gang that a node-by-node search would take alone.
+            whole = _take(state, _node_groups(state, candidates, need), still_borrowing, fits)
+            if whole is not None and (
+                plan is None or _cost(whole.victims, state.now) < _cost(plan.victims, state.now)
+            ):
+                plan = whole
     return plan
+
+
+def _cost(victims: list[tuple[Holder, str]], now: float) -> tuple[int, float]:
+    """What taking ``victims`` costs: the highest priority among them, then the work
+    they lose together."""
+    top = max((h.klass.value for h, _ in victims), default=0)
+    return top, sum(lost_work(h, now) for h, _ in victims)
 
 
 Group = tuple[str | None, int, list[tuple[Holder, str]]]
@@ -195,7 +211,7 @@ def _take(
         if placement is None:
             return None
         # Give back every victim the job can do without, most valuable first.
-        for item in sorted(removed, key=lambda c: (-c[0].klass.value, c[0].start_time)):
+        for item in _most_valuable_first(removed, state.now):
             state.hold(item[0])
             again = fits()
             if again is None:
@@ -232,7 +248,7 @@ def _node_groups(state: CycleState, candidates: list[tuple[Holder, str]], need: 
             p.resources.get(GPU, 0) for h, _ in items for p in h.placements if p.node == node
         )
         if free < need <= free + held:
-            lost = sum(h.total.get(GPU, 0) * max(0.0, state.now - h.start_time) for h, _ in items)
+            lost = sum(lost_work(h, state.now) for h, _ in items)
             ranked.append(((max(h.klass.value for h, _ in items), lost), node, items))
     ranked.sort(key=lambda r: r[0])
     return [(node, need, items) for _, node, items in ranked]
@@ -264,7 +280,8 @@ def _on_one_node(
     fits: Callable[[], PlacementResult | None],
 ) -> tuple[VictimPlan | None, bool]:
     """For a one-replica job: the node whose cheapest victim set frees room for it
-    (lowest highest priority, then fewest victims), as Kubernetes' preemption does;
+    (lowest highest priority, as Kubernetes' preemption does, then least work lost,
+    then fewest victims);
     worked out on copies of each node, then the quota and placement are verified with
     those victims gone. Also says whether any node could be freed at all (when one could
     but the quota still says no, victims elsewhere may be needed)."""
@@ -273,8 +290,7 @@ def _on_one_node(
         for node in {p.node for p in item[0].placements}:
             by_node.setdefault(node, []).append(item)
     best: list[tuple[Holder, str]] | None = None
-    best_key: tuple[int, int] | None = None
-    floor = min((h.klass.value for h, _ in candidates), default=0)
+    best_key: tuple[tuple[int, float], int] | None = None
     looked_after = 0
     need = request.get(GPU, 0)
     for node, items in by_node.items():
@@ -298,18 +314,16 @@ def _on_one_node(
                 break
         else:
             continue
-        for item in sorted(chosen, key=lambda c: (-c[0].klass.value, c[0].start_time)):
+        for item in _most_valuable_first(chosen, state.now):
             _give(room, item[0], -1)
             if room.fits(request, claim):
                 chosen.remove(item)
             else:
                 _give(room, item[0], 1)
         if chosen:
-            cost = (max(h.klass.value for h, _ in chosen), len(chosen))
+            cost = (_cost(chosen, state.now), len(chosen))
             if best_key is None or cost < best_key:
                 best, best_key = chosen, cost
-                if cost == (floor, 1):
-                    break  # nothing can be cheaper
         if best is not None:
             looked_after += 1
             if looked_after > NODES_AFTER_FIRST_FIT:
@@ -324,6 +338,12 @@ def _on_one_node(
     finally:
         for holder, _ in best:
             state.hold(holder)
+
+
+def _most_valuable_first(victims: list[tuple[Holder, str]], now: float) -> list[tuple[Holder, str]]:
+    """The order victims are given back in when a set is trimmed: the highest priority,
+    then the most work that taking it would lose."""
+    return sorted(victims, key=lambda c: (-c[0].klass.value, -lost_work(c[0], now)))
 
 
 def _give(room: NodeState, holder: Holder, sign: int) -> None:

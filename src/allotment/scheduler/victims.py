@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from allotment.domain.cluster import PriorityClass, Queue
+from allotment.domain.resources import GPU, MILLI
 
 if TYPE_CHECKING:
     from allotment.scheduler.state import CycleState, Holder
@@ -46,7 +47,7 @@ class VictimRule(Protocol):
         """The running jobs of ``pool`` that may be victims of a ``job_class`` job of
         ``leaf``, each with its cause (``within_queue``, ``reclaim``, ``borrow_only``),
         in the order they are given up (borrow-only first, then lowest priority, then
-        latest started); never a job admitted in this cycle, and a borrower
+        least work lost: :func:`lost_work`); never a job admitted in this cycle, and a borrower
         (``reclaim``) only of a queue that ``borrowing`` says still borrows there."""
         ...
 
@@ -55,13 +56,19 @@ Candidate = tuple["Holder", str]
 """A possible victim and its cause."""
 
 
-def _victim_key(item: Candidate) -> tuple[int, int, float]:
-    holder = item[0]
-    return (0 if holder.klass.borrow_only else 1, holder.klass.value, -holder.start_time)
+def lost_work(holder: Holder, now: float) -> float:
+    """What taking ``holder`` throws away: its GPUs (every replica's, in milli-GPUs) times
+    the time it has run; a job without GPUs counts as one GPU."""
+    return (holder.total.get(GPU, 0) or MILLI) * max(0.0, now - holder.start_time)
 
 
-def _ordered(found: list[Candidate]) -> list[Candidate]:
-    found.sort(key=_victim_key)
+def _ordered(found: list[Candidate], now: float) -> list[Candidate]:
+    def key(item: Candidate) -> tuple[int, int, float, float]:
+        holder = item[0]
+        borrow_only = 0 if holder.klass.borrow_only else 1
+        return (borrow_only, holder.klass.value, lost_work(holder, now), -holder.start_time)
+
+    found.sort(key=key)
     return found
 
 
@@ -168,7 +175,7 @@ class _Victims:
         found = _own(state, leaf, pool, job_class) if self.OWN else []
         if self.OTHERS:
             found += _others(state, leaf, pool, job_class, reclaim, borrowing)
-        return _ordered(found) if found else found
+        return _ordered(found, state.now) if found else found
 
 
 @dataclass(frozen=True, slots=True)
