@@ -248,8 +248,7 @@ def _node_groups(state: CycleState, candidates: list[tuple[Holder, str]], need: 
             p.resources.get(GPU, 0) for h, _ in items for p in h.placements if p.node == node
         )
         if free < need <= free + held:
-            lost = sum(lost_work(h, state.now) for h, _ in items)
-            ranked.append(((max(h.klass.value for h, _ in items), lost), node, items))
+            ranked.append((_cost(items, state.now), node, items))
     ranked.sort(key=lambda r: r[0])
     return [(node, need, items) for _, node, items in ranked]
 
