@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from allotment.domain.cluster import Cluster
-from allotment.scheduler.snapshot import SchedulerPolicy
+from allotment.scheduler.snapshot import RunningJob, SchedulerPolicy
 
 from .builders import NOW, ClusterBuilder, admitted, codes, cycle, job, running, victims
 
@@ -334,3 +334,60 @@ def test_a_gang_takes_the_set_of_nodes_that_loses_the_least_work() -> None:
     runs += [running(f"c{i}", "c", "a100-02", first_device=i) for i in range(8)]
     decisions = cycle(cluster, [job("gang", "a", gpu=8, replicas=2)], runs)
     assert victims(decisions) == {"gang": ["b-gang"]}
+
+
+def scattered(*, c_prio: str = "training") -> tuple[Cluster, list[RunningJob]]:
+    """Three 8-GPU nodes. ``a`` (8 GPUs guaranteed) holds nothing; ``b`` (4) borrows 4
+    beyond its guarantee; ``c`` (12) holds 9, within it, spread over every node, so that
+    no node is freed by taking ``b``'s jobs alone."""
+    cluster = (
+        ClusterBuilder()
+        .pool("a100", nodes=3)
+        .leaf("a", quota={"a100": {"gpu": 8}})
+        .leaf("b", quota={"a100": {"gpu": 4}})
+        .leaf("c", quota={"a100": {"gpu": 12}})
+        .build()
+    )
+    runs = [
+        running("c0", "c", "a100-00", start=NOW - 60, prio=c_prio),
+        running("b0", "b", "a100-00", gpu=4, first_device=1),
+        running("c1", "c", "a100-01", start=NOW - 3600),
+        running("c2", "c", "a100-01", start=NOW - 3600, first_device=1),
+        running("b1", "b", "a100-01", gpu=4, first_device=2),
+    ]
+    runs += [
+        running(f"c{3 + i}", "c", "a100-02", first_device=i, start=NOW - 7200) for i in range(6)
+    ]
+    return cluster, runs
+
+
+def test_an_owed_job_moves_a_small_job_that_fits_again_elsewhere() -> None:
+    # a asks for a whole node. Evicting b's jobs frees none (c's jobs are on every node),
+    # but with b0 gone, c0 (run a minute) fits on a100-01 or a100-02, each with two GPUs
+    # free: c0 is moved and a100-00 is a's.
+    cluster, runs = scattered()
+    decisions = cycle(cluster, [job("a1", "a", gpu=8)], runs)
+    assert victims(decisions) == {"a1": ["b0", "c0"]}
+    causes = {v.job: v.cause for v in decisions.preemptions[0].victims}
+    assert causes == {"b0": "reclaim", "c0": "move"}
+    moved = next(v for v in decisions.preemptions[0].victims if v.job == "c0")
+    assert moved.message.startswith("moved for a1 (queue a): restarted on another node")
+    assert codes(decisions) == {"a1": "waiting_for_preemption"}
+    assert decisions.preemptions[0].reason.detail["causes"] == ["move", "reclaim"]
+
+
+def test_a_job_of_a_higher_priority_is_never_moved() -> None:
+    # c0 outranks a's job: a100-01 is freed instead (b1 taken back, c1 and c2 moved to
+    # a100-00, where b0 stays), though c1 and c2 have run an hour.
+    cluster, runs = scattered(c_prio="key-project")
+    decisions = cycle(cluster, [job("a1", "a", gpu=8)], runs)
+    assert victims(decisions) == {"a1": ["b1", "c1", "c2"]}
+
+
+def test_moves_only_where_preemption_and_reclaim_are_both_on() -> None:
+    # The `borrowing` preset (reclaim, no priority preemption) keeps to reclaim: nothing
+    # it may take frees a node here.
+    cluster, runs = scattered()
+    policy = SchedulerPolicy(preemption=False, reclaim=True)
+    decisions = cycle(cluster, [job("a1", "a", gpu=8)], runs, policy=policy)
+    assert decisions.preemptions == []

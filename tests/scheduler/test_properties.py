@@ -783,22 +783,81 @@ def owed_gang_cases(draw: st.DrawFn) -> ReclaimCase:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(owed_gang_cases())
 def test_victims_chosen_for_an_owed_gang_suffice(case: ReclaimCase) -> None:
-    """Whatever the search finds (one by one or node by node), taking those victims lets
-    the job in, and they are only jobs of queues that borrowed."""
+    """Whatever the search finds (one by one, node by node, or by moves), taking those
+    victims lets the job in; they are jobs of queues that borrowed, except the moved
+    ones, which all start again at once beside it."""
+    _victims_suffice(case)
+
+
+@st.composite
+def scattered_cases(draw: st.DrawFn) -> ReclaimCase:
+    """One pool of 8-GPU nodes filled in a random order by small jobs (1, 2 or 4 GPUs) of
+    a borrower and of a queue within its guarantee, so that no node holds only the
+    borrower's; then a queue that holds nothing asks for whole nodes within its
+    guarantee (one replica or a gang): room is made by moves as well as by reclaim."""
+    nodes = draw(st.integers(3, 6))
+    owed = draw(st.integers(1, 2))
+    kept = draw(st.integers(4, 8 * (nodes - owed) - 4))  # c's guarantee, in GPUs
+    cluster = (
+        ClusterBuilder()
+        .classes(*PRIORITY_CLASSES)
+        .pool("p", nodes=nodes, gpu=8)
+        .leaf("a", quota={"p": {"gpu": 8 * owed}})
+        .leaf("b", quota={"p": {"gpu": 8 * (nodes - owed) - kept}})
+        .leaf("c", quota={"p": {"gpu": kept}})
+        .build()
+    )
+    sizes = draw(st.lists(st.sampled_from([1, 2, 4]), min_size=2 * nodes, max_size=4 * nodes))
+    jobs = [
+        job(f"j{i}", draw(st.sampled_from(["b", "c"])), gpu=gpus, prio="normal", submit=i)
+        for i, gpus in enumerate(sizes)
+    ]
+    runs: list[RunningJob] = []
+    for i in range(0, len(jobs), 2):
+        batch = {j.id: j for j in jobs[i : i + 2]}
+        decisions = cycle(cluster, batch.values(), runs, now=NOW - 5000 + i)
+        runs += [
+            as_running(a, batch[a.job], start=NOW - 5000 + i, end=None) for a in decisions.admitted
+        ]
+    claim = job("claim", "a", gpu=8, replicas=draw(st.integers(1, owed)), prio="normal")
+    return ReclaimCase(cluster=cluster, running=runs, claim=claim)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scattered_cases())
+def test_moves_for_an_owed_job_suffice_and_start_again_at_once(case: ReclaimCase) -> None:
+    """Where the free GPUs and the borrower's jobs are spread over nodes that also hold
+    jobs within their guarantee, the victims chosen (borrowers, and jobs moved) let the
+    job in, and every moved job fits again at once beside it."""
+    _victims_suffice(case)
+
+
+def _victims_suffice(case: ReclaimCase) -> None:
     decisions = cycle(case.cluster, [case.claim], case.running)
     preempts = [p for p in decisions.preemptions if p.job == "claim"]
     if not preempts:
         return
     gone = {v.job for v in preempts[0].victims}
-    for queue in {v.queue for v in preempts[0].victims}:
+    moved = {v.job for v in preempts[0].victims if v.cause == "move"}
+    for queue in {v.queue for v in preempts[0].victims if v.cause != "move"}:
         held = sum(r.total().get(GPU, 0) for r in case.running if r.queue == queue)
         nominal = case.cluster.queues[queue].nominal["p"].as_dict().get(GPU, 0)
         assert held > nominal, f"{queue} was not borrowing ({held} of {nominal})"
     remaining = [r for r in case.running if r.id not in gone]
-    after = cycle(case.cluster, [replace(case.claim, preempting=tuple(gone))], remaining)
+    claim = replace(case.claim, preempting=tuple(gone))
+    after = cycle(case.cluster, [claim], remaining)
     assert admitted(after) == ["claim"], (
         f"victims {sorted(gone)} did not suffice: {after.waiting.get('claim')}"
     )
+    if moved:
+        requeued = [
+            job(r.id, r.queue, gpu=r.total().get(GPU, 0) // MILLI, prio="normal", submit=NOW - 60)
+            for r in case.running
+            if r.id in moved
+        ]
+        beside = [*remaining, as_running(after.admitted[0], claim, start=NOW, end=None)]
+        again = cycle(case.cluster, requeued, beside, now=NOW + 1)
+        assert sorted(admitted(again)) == sorted(moved), again.waiting
 
 
 # --------------------------------------------------------------------- known bugs

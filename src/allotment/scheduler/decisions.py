@@ -50,7 +50,7 @@ class Victim:
     job: str
     queue: str
     cause: str
-    """``within_queue``, ``reclaim`` or ``borrow_only``."""
+    """``within_queue``, ``reclaim``, ``borrow_only`` or ``move``."""
     message: str
 
     def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:

@@ -403,7 +403,7 @@ class Placer:
             free, devices = scratch[best.name]
             for key, amount in request.items():
                 free[key] = free.get(key, 0) - amount
-            _take_devices(devices, request.get(GPU, 0))
+            take_devices(devices, request.get(GPU, 0))
             chosen.append(best)
         return chosen
 
@@ -474,7 +474,7 @@ class Placer:
                 index=index,
                 node=state.name,
                 resources=request,
-                devices=tuple(_take_devices(device_use[state.name], request.get(GPU, 0))),
+                devices=tuple(take_devices(device_use[state.name], request.get(GPU, 0))),
             )
             for (name, index, request), state in zip(ordered, chosen, strict=True)
         ]
@@ -515,7 +515,7 @@ def fits_in(
     return True
 
 
-def _take_devices(devices: list[int], gpu: int) -> list[int]:
+def take_devices(devices: list[int], gpu: int) -> list[int]:
     """Take ``gpu`` milli-GPUs from per-device free amounts in place: whole devices
     lowest index first, or the tightest device for a fraction. Returns the indexes."""
     whole, part = divmod(gpu, MILLI)

@@ -22,7 +22,9 @@ node: the nodes that its victims could free for one of its replicas, least work 
 first, each node's victims together (one by one, a gang's victims may be spread over
 many nodes, and a borrower's queue be back within its guarantee before any node is
 whole again); of the two sets, it takes the one that loses less work. A one-replica job
-compares the nodes that could be freed for it (:func:`_on_one_node`).
+compares the nodes that could be freed for it (:func:`_on_one_node`). Where all of this
+fails for a job owed its guarantee and the rule allows moves, jobs that fit again at once
+elsewhere in the pool may be taken too (:mod:`allotment.scheduler.moves`).
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ from allotment.domain.reasons import Reason, ReasonCode
 from allotment.domain.resources import GPU, MILLI
 from allotment.scheduler.backfill import Reservation
 from allotment.scheduler.decisions import Victim
-from allotment.scheduler.placement import Claims, NodeState, PlacementResult, per_node
+from allotment.scheduler.moves import free_one, plan_moves
+from allotment.scheduler.placement import Claims, PlacementResult, per_node
 from allotment.scheduler.snapshot import PendingJob
 from allotment.scheduler.state import CycleState, Holder
-from allotment.scheduler.victims import lost_work
+from allotment.scheduler.victims import lost_work, most_valuable_first
 
 MAX_CANDIDATES = 512
 """Bound on the candidates examined for one preemptor (keeps a cycle fast)."""
@@ -55,10 +58,12 @@ class VictimPlan:
 @dataclass(slots=True)
 class Candidates:
     """The running jobs of a pool that a preemptor may take, in the order they are given
-    up, each with its cause; and whether a borrower's queue still borrows there."""
+    up, each with its cause; whether a borrower's queue still borrows there; and which
+    jobs it may move elsewhere in the pool (None: no moves)."""
 
     items: list[tuple[Holder, str]]
     still_borrowing: Callable[[str], bool]
+    movable: Callable[[Holder], bool] | None = None
 
 
 def find_victims(
@@ -106,7 +111,18 @@ def victim_candidates(
         for item in rule.candidates(state, leaf, pool, job_class, reclaim_ok, still_borrowing)
         if item[0].id not in taken
     ][:MAX_CANDIDATES]
-    return Candidates(candidates, still_borrowing) if candidates else None
+    movable: Callable[[Holder], bool] | None = None
+    if rule.may_move(state, leaf, pool, total):
+        value = job_class.value
+
+        def movable(holder: Holder) -> bool:
+            # No higher a priority than the job's, nothing chosen already this cycle.
+            klass = holder.klass
+            return klass.value <= value and not klass.borrow_only and holder.id not in taken
+
+    if not candidates and movable is None:
+        return None
+    return Candidates(candidates, still_borrowing, movable)
 
 
 def plan_victims(
@@ -142,11 +158,13 @@ def plan_victims(
         return placed if placed.ok else None
 
     if job.replica_count == 1:
-        plan, some_node = _on_one_node(
-            state, job.replicas[0].resources, pool, candidates, claims, fits
-        )
-        if plan is not None or not some_node:
-            return plan  # a single replica needs one node: no node, no plan
+        request = job.replicas[0].resources
+        plan, some_node = _on_one_node(state, request, pool, candidates, claims, fits)
+        if plan is None and some_node:  # a node could be freed but the quota said no
+            plan = _take(state, [(None, 0, [item]) for item in candidates], still_borrowing, fits)
+        if plan is None and found.movable is not None:
+            plan = _moved(state, job, pool, found, claims, fits)
+        return plan
 
     plan = _take(state, [(None, 0, [item]) for item in candidates], still_borrowing, fits)
     if job.replica_count > 1:
@@ -160,7 +178,49 @@ def plan_victims(
                 plan is None or _cost(whole.victims, state.now) < _cost(plan.victims, state.now)
             ):
                 plan = whole
+    if plan is None and found.movable is not None:
+        plan = _moved(state, job, pool, found, claims, fits)
     return plan
+
+
+def _moved(
+    state: CycleState,
+    job: PendingJob,
+    pool: str,
+    found: Candidates,
+    claims: Claims | None,
+    fits: Callable[[], PlacementResult | None],
+) -> VictimPlan | None:
+    """Room for every replica of ``job`` by moving jobs that fit again elsewhere in the
+    pool (:mod:`allotment.scheduler.moves`), verified with those victims gone."""
+    assert found.movable is not None
+    chosen = plan_moves(
+        state,
+        [r.resources for r in job.replicas for _ in range(r.count)],
+        pool,
+        found.items,
+        found.movable,
+        claims,
+        lambda victims: (_cost(victims, state.now), len(victims)),
+    )
+    return None if chosen is None else _verified(state, chosen, fits)
+
+
+def _verified(
+    state: CycleState,
+    victims: list[tuple[Holder, str]],
+    fits: Callable[[], PlacementResult | None],
+) -> VictimPlan | None:
+    """``victims`` with the job's placement once they are gone (quota and nodes
+    checked), or None when it still does not fit. Leaves ``state`` as it found it."""
+    for holder, _ in victims:
+        state.unhold(holder)
+    try:
+        placed = fits()
+        return VictimPlan(victims=victims, placement=placed) if placed is not None else None
+    finally:
+        for holder, _ in victims:
+            state.hold(holder)
 
 
 def _cost(victims: list[tuple[Holder, str]], now: float) -> tuple[int, float]:
@@ -211,7 +271,7 @@ def _take(
         if placement is None:
             return None
         # Give back every victim the job can do without, most valuable first.
-        for item in _most_valuable_first(removed, state.now):
+        for item in most_valuable_first(removed, state.now):
             state.hold(item[0])
             again = fits()
             if again is None:
@@ -304,21 +364,7 @@ def _on_one_node(
         ):
             continue  # even every candidate here gone leaves too few GPUs
         claim = claims.get(node) if claims else None
-        room = target.twin()
-        chosen: list[tuple[Holder, str]] = []
-        for item in items:
-            _give(room, item[0], 1)
-            chosen.append(item)
-            if room.fits(request, claim):
-                break
-        else:
-            continue
-        for item in _most_valuable_first(chosen, state.now):
-            _give(room, item[0], -1)
-            if room.fits(request, claim):
-                chosen.remove(item)
-            else:
-                _give(room, item[0], 1)
+        chosen = free_one(target, request, items, claim, state.now)
         if chosen:
             cost = (_cost(chosen, state.now), len(chosen))
             if best_key is None or cost < best_key:
@@ -329,27 +375,7 @@ def _on_one_node(
                 break  # a good set found; the fleet need not be combed for the best
     if best is None:
         return None, False
-    for holder, _ in best:
-        state.unhold(holder)
-    try:
-        placed = fits()
-        return (VictimPlan(victims=best, placement=placed) if placed is not None else None), True
-    finally:
-        for holder, _ in best:
-            state.hold(holder)
-
-
-def _most_valuable_first(victims: list[tuple[Holder, str]], now: float) -> list[tuple[Holder, str]]:
-    """The order victims are given back in when a set is trimmed: the highest priority,
-    then the most work that taking it would lose."""
-    return sorted(victims, key=lambda c: (-c[0].klass.value, -lost_work(c[0], now)))
-
-
-def _give(room: NodeState, holder: Holder, sign: int) -> None:
-    """Give back (``sign`` 1) or take again (-1) what ``holder`` holds on ``room``'s node."""
-    for placement in holder.placements:
-        if placement.node == room.name:
-            room.apply(placement, sign)
+    return _verified(state, best, fits), True
 
 
 def describe(
@@ -361,6 +387,12 @@ def describe(
             f"preempted for {job.id} in queue {holder.queue}: priority "
             f"{job_class.name} ({job_class.value}) over {holder.klass.name} "
             f"({holder.klass.value})"
+        )
+    elif cause == "move":
+        text = (
+            f"moved for {job.id} (queue {job.queue}): restarted on another node of pool "
+            f"{pool}, where it fits now, so that a node holds {job.id}, whose queue is owed "
+            "its guaranteed quota"
         )
     elif cause == "borrow_only":
         text = (

@@ -2,9 +2,11 @@
 
 One concern of the policy seam (:mod:`allotment.scheduler.policy`, whose
 :func:`~allotment.scheduler.policy.compose` picks the rule); the search itself is
-:mod:`allotment.scheduler.preemption`. A rule is two switches -- whether a queue may take
-lower priorities of its own (``preemption.within_queue`` permitting) and whether it may
-take back what other queues borrow -- named by the four strategies below.
+:mod:`allotment.scheduler.preemption`. A rule is three switches -- whether a queue may take
+lower priorities of its own (``preemption.within_queue`` permitting), whether it may
+take back what other queues borrow, and whether a job owed its guarantee may move jobs
+that fit again elsewhere (:mod:`allotment.scheduler.moves`) -- named by the four
+strategies below.
 """
 
 from __future__ import annotations
@@ -35,6 +37,13 @@ class VictimRule(Protocol):
         fit ``total`` (it stays within its nominal quota)."""
         ...
 
+    def may_move(self, state: CycleState, leaf: Queue, pool: str, total: Mapping[str, int]) -> bool:
+        """Whether a job of ``leaf`` that no victim set fits may restart other jobs on
+        other nodes of ``pool`` to make room on one (:mod:`allotment.scheduler.moves`):
+        ``leaf`` is owed ``total`` there (it stays within its nominal quota, and other
+        queues hold part of that quota)."""
+        ...
+
     def candidates(
         self,
         state: CycleState,
@@ -62,6 +71,12 @@ def lost_work(holder: Holder, now: float) -> float:
     return (holder.total.get(GPU, 0) or MILLI) * max(0.0, now - holder.start_time)
 
 
+def most_valuable_first(victims: list[Candidate], now: float) -> list[Candidate]:
+    """The order victims are given back in when a set is trimmed: the highest priority,
+    then the most work that taking it would lose."""
+    return sorted(victims, key=lambda c: (-c[0].klass.value, -lost_work(c[0], now)))
+
+
 def _ordered(found: list[Candidate], now: float) -> list[Candidate]:
     def key(item: Candidate) -> tuple[int, int, float, float]:
         holder = item[0]
@@ -72,7 +87,9 @@ def _ordered(found: list[Candidate], now: float) -> list[Candidate]:
     return found
 
 
-def _may_be_victim(holder: Holder) -> bool:
+def may_be_victim(holder: Holder) -> bool:
+    """Whether ``holder`` may be taken at all: preemptible, not stopping already, and not
+    admitted in this cycle."""
     preemptible = holder.klass.preemptible or holder.preemptible
     return preemptible and not holder.terminating and not holder.fresh
 
@@ -103,7 +120,7 @@ def _own(state: CycleState, leaf: Queue, pool: str, job_class: PriorityClass) ->
     out: list[Candidate] = []
     for holder in state.queue_holders(pool, leaf.name).values():
         found = _own_cause(holder.klass, below, takes)
-        if found is not None and _may_be_victim(holder):
+        if found is not None and may_be_victim(holder):
             out.append((holder, found))
     return out
 
@@ -129,7 +146,7 @@ def _others(
                 continue
             takes = borrowing(queue)
             for holder in group.values():
-                if not _may_be_victim(holder):
+                if not may_be_victim(holder):
                     continue
                 klass = holder.klass
                 if klass.borrow_only and not job_class.borrow_only:
@@ -140,7 +157,7 @@ def _others(
     if job_class.borrow_only:
         return []
     for holder in state.borrow_only.get(pool, {}).values():
-        if holder.queue != leaf.name and _may_be_victim(holder):
+        if holder.queue != leaf.name and may_be_victim(holder):
             out.append((holder, "borrow_only"))
     return out
 
@@ -154,6 +171,9 @@ class _Victims:
     OTHERS: ClassVar[bool] = False
     """Other queues' borrowers, when the preemptor's queue is within its nominal quota
     (and their ``borrow_only`` jobs)."""
+    MOVES: ClassVar[bool] = False
+    """Jobs that fit again at once elsewhere in the pool, for a job owed its guarantee
+    that no victim set fits (:mod:`allotment.scheduler.moves`)."""
 
     def may_preempt(self, klass: PriorityClass) -> bool:
         return (self.OWN or self.OTHERS) and klass.can_preempt
@@ -162,6 +182,14 @@ class _Victims:
         self, state: CycleState, leaf: Queue, pool: str, total: Mapping[str, int]
     ) -> bool:
         return self.OTHERS and state.quota.within_nominal(leaf.name, pool, total)
+
+    def may_move(self, state: CycleState, leaf: Queue, pool: str, total: Mapping[str, int]) -> bool:
+        return (
+            self.MOVES
+            and leaf.spec.preemption.reclaim != "never"
+            and state.quota.within_nominal(leaf.name, pool, total)
+            and state.quota.lent_out(leaf.name, pool)
+        )
 
     def candidates(
         self,
@@ -201,7 +229,9 @@ class WithinQueueOnly(_Victims):
 
 @dataclass(frozen=True, slots=True)
 class PriorityAndReclaim(_Victims):
-    """:class:`WithinQueueOnly` and :class:`ReclaimOnly` together (what production runs)."""
+    """:class:`WithinQueueOnly` and :class:`ReclaimOnly` together, and moves for a job
+    owed its guarantee (what production runs)."""
 
     OWN = True
     OTHERS = True
+    MOVES = True
