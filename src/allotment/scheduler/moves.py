@@ -27,8 +27,9 @@ from allotment.scheduler.snapshot import ReplicaPlacement
 from allotment.scheduler.state import CycleState, Holder
 from allotment.scheduler.victims import Candidate, lost_work, may_be_victim, most_valuable_first
 
-NODES_AFTER_FIRST_MOVE = 16
-"""Once some node can be freed by moves for a replica, how many more are compared."""
+PLACED_AFTER_FIRST = 4
+"""Once the moves that free some node for a replica are known to fit elsewhere, how many
+more of the cheaper-looking nodes are checked (that check looks at every node)."""
 
 
 def plan_moves(
@@ -77,31 +78,36 @@ def plan_moves(
         if ready is not None:
             view.take(ready, request)
             continue
-        best: tuple[tuple[tuple[int, float], int], str, list[Candidate], _View] | None = None
-        looked_after = 0
+        # Each node's victims first (cheap, on a copy of that node), the cheapest first;
+        # then whether the moved jobs fit elsewhere, which costs a look at every node.
+        options: list[tuple[tuple[tuple[int, float], int], str, list[Candidate]]] = []
         for name, items in on_node.items():
             if name in view.used:
                 continue
             left = [item for item in items if item[0].id not in gone]
             freed = view.free_one(name, request, left, now)
-            if freed is None or (best is not None and cost(chosen + freed) >= best[0]):
-                continue
+            if freed is not None:
+                options.append((cost(chosen + freed), name, freed))
+        options.sort(key=lambda o: o[0])
+        best: tuple[tuple[tuple[int, float], int], str, list[Candidate], _View] | None = None
+        tried = 0
+        for floor, name, freed in options:
+            if best is not None and (floor >= best[0] or tried > PLACED_AFTER_FIRST):
+                break  # no cheaper set is left, or enough have been compared
             after = view.copy()
             after.release(name, [h for h, _ in freed])
             taken = gone | {h.id for h, _ in freed}
             moved = [h for h, cause in freed if cause == "move"]
             room_made = after.place_again(moved, name, borrowers, taken, now)
+            if best is not None:
+                tried += 1
             if room_made is None:
                 continue
-            freed += room_made
+            freed = freed + room_made
             key = cost(chosen + freed)
-            if best is not None and key >= best[0]:
-                continue
-            after.take(name, request)
-            best = (key, name, freed, after)
-            looked_after += 1
-            if looked_after > NODES_AFTER_FIRST_MOVE:
-                break
+            if best is None or key < best[0]:
+                after.take(name, request)
+                best = (key, name, freed, after)
         if best is None:
             return None
         _, _, freed, view = best
