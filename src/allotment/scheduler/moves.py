@@ -6,15 +6,15 @@ may be spread over nodes that each keep a few small jobs (its owner's own, or jo
 queues within their guarantee), so a job that asks for most of a node finds none even
 with every borrower gone, and its queue stays short of its guarantee until enough of
 those small jobs end on one node. Where the victim rule allows moves
-(:meth:`~allotment.scheduler.victims.VictimRule.may_move`), a one-replica job owed its
-guarantee in a pool whose ordinary victim search failed may also take, from one node,
-running one-replica jobs of a priority no higher than its own (cause ``move``), each only
-if it fits again at once on another node of the same pool, its queue's quota unchanged;
-the node's borrowers go as in reclaim. The moved jobs are requeued like any victim and
-restart from the beginning (their progress is lost, as with every preemption), so of the
-nodes that can be freed the one whose victims lose the least work is taken (GPUs times
-time run). KAI-Scheduler's consolidation works the same way: evict only what can be
-placed again at once.
+(:meth:`~allotment.scheduler.victims.VictimRule.may_move`), a job owed its guarantee in
+a pool whose ordinary victim search failed may also take, from the node each of its
+replicas needs, running one-replica jobs of a priority no higher than its own (cause
+``move``), each only if it fits again at once on another node of the same pool (where
+borrowers may be reclaimed to make room for it), its queue's quota unchanged; the node's
+borrowers go as in reclaim. The moved jobs are requeued like any victim and restart from
+the beginning (their progress is lost, as with every preemption), so the nodes whose
+victims lose the least work are taken (GPUs times time run). KAI-Scheduler's
+consolidation works the same way: evict only what can be placed again at once.
 """
 
 from __future__ import annotations
