@@ -112,7 +112,7 @@ def victim_candidates(
         if item[0].id not in taken
     ][:MAX_CANDIDATES]
     movable: Callable[[Holder], bool] | None = None
-    if rule.may_move(state, leaf, pool, total):
+    if reclaim_ok and rule.may_move(state, leaf, pool):
         value = job_class.value
 
         def movable(holder: Holder) -> bool:

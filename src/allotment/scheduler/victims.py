@@ -37,11 +37,11 @@ class VictimRule(Protocol):
         fit ``total`` (it stays within its nominal quota)."""
         ...
 
-    def may_move(self, state: CycleState, leaf: Queue, pool: str, total: Mapping[str, int]) -> bool:
-        """Whether a job of ``leaf`` that no victim set fits may restart other jobs on
-        other nodes of ``pool`` to make room on one (:mod:`allotment.scheduler.moves`):
-        ``leaf`` is owed ``total`` there (it stays within its nominal quota, and other
-        queues hold part of that quota)."""
+    def may_move(self, state: CycleState, leaf: Queue, pool: str) -> bool:
+        """Whether a job of ``leaf`` that may reclaim in ``pool`` (:meth:`may_reclaim`)
+        but that no victim set fits may also restart other jobs on other nodes of
+        ``pool`` to make room on one (:mod:`allotment.scheduler.moves`): other queues
+        hold part of ``leaf``'s guarantee there."""
         ...
 
     def candidates(
@@ -183,11 +183,10 @@ class _Victims:
     ) -> bool:
         return self.OTHERS and state.quota.within_nominal(leaf.name, pool, total)
 
-    def may_move(self, state: CycleState, leaf: Queue, pool: str, total: Mapping[str, int]) -> bool:
+    def may_move(self, state: CycleState, leaf: Queue, pool: str) -> bool:
         return (
             self.MOVES
             and leaf.spec.preemption.reclaim != "never"
-            and state.quota.within_nominal(leaf.name, pool, total)
             and state.quota.lent_out(leaf.name, pool)
         )
 
