@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from allotment.domain.reasons import Reason, ReasonCode, most_relevant
+from allotment.domain.reasons import Reason, ReasonCode
+from allotment.scheduler.verdicts import most_relevant
 
 from .builders import NOW, ClusterBuilder, codes, cycle, job, running
 

@@ -49,7 +49,8 @@ SEVERITY: dict[ReasonCode, int] = {
     ReasonCode.BACKOFF: 60,
     ReasonCode.WAITING_FOR_PREEMPTION: 50,
     ReasonCode.BEHIND_HIGHER_PRIORITY: 10,
-    # Shortages: the one closest to success wins across pools (see `best_shortage`).
+    # Shortages: the one closest to success wins across pools (see
+    # `allotment.scheduler.verdicts.most_relevant`).
     ReasonCode.QUOTA_EXHAUSTED: 30,
     ReasonCode.GANG_UNSATISFIABLE: 25,
     ReasonCode.NO_NODE_FITS: 20,
@@ -72,27 +73,3 @@ class Reason:
 
     def to_dict(self) -> dict[str, Any]:
         return {"code": self.code.value, "message": self.message, "detail": self.detail}
-
-
-def most_relevant(reasons: list[Reason]) -> Reason:
-    """Pick the one reason to show from several (e.g. one per pool tried).
-
-    A problem with the job or a policy gate outranks a shortage; among shortages the
-    least severe (closest to admission) wins, earlier pools first on ties.
-    """
-    if not reasons:
-        raise ValueError("most_relevant needs at least one reason")
-    # One pass (a cycle asks this for most jobs it tries): the first gate of the highest
-    # severity, else the first shortage of the lowest.
-    gate: Reason | None = None
-    shortage: Reason | None = None
-    for reason in reasons:
-        severity = SEVERITY[reason.code]
-        if reason.code in SHORTAGES:
-            if shortage is None or severity < SEVERITY[shortage.code]:
-                shortage = reason
-        elif gate is None or severity > SEVERITY[gate.code]:
-            gate = reason
-    best = gate if gate is not None else shortage
-    assert best is not None
-    return best

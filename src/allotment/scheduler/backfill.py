@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from allotment.domain.reasons import Reason, ReasonCode
 from allotment.scheduler.placement import NodeState, per_node
 from allotment.scheduler.snapshot import PendingJob
 
@@ -67,6 +68,16 @@ class Reservations:
         if bound is not None and now + bound <= self.earliest:
             return None
         return self.merged
+
+    def held_back(self, pool: str, queue: str) -> Reason:
+        """Why a job of ``queue`` that would fit in ``pool`` now waits: the claims."""
+        return Reason(
+            ReasonCode.BEHIND_HIGHER_PRIORITY,
+            f"it would fit in pool {pool} now, but the capacity is reserved for "
+            f"{self.items[0].job}, which goes first; it may start earlier only if its "
+            "max_runtime ends before that reservation",
+            {"pool": pool, "reserved_for": [r.job for r in self.items], "queue": queue},
+        )
 
 
 def plan_reservation(state: CycleState, job: PendingJob, pool: str) -> Reservation | None:

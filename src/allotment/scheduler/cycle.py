@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from allotment.domain.cluster import PriorityClass, Queue
 from allotment.domain.durations import next_window_open, window_open
-from allotment.domain.reasons import Reason, ReasonCode, most_relevant
+from allotment.domain.reasons import Reason, ReasonCode
 from allotment.scheduler import ordering
 from allotment.scheduler.backfill import Reservations
 from allotment.scheduler.decisions import Admit, Decisions, Preempt
@@ -54,7 +54,7 @@ from allotment.scheduler.preemption import (
 from allotment.scheduler.quota import QuotaCheck
 from allotment.scheduler.snapshot import PendingJob, Snapshot
 from allotment.scheduler.state import CycleState
-from allotment.scheduler.verdicts import Verdict, holding, recall, verdict
+from allotment.scheduler.verdicts import Verdict, holding, most_relevant, recall, verdict
 
 MAX_REMEMBERED = 65_536
 """Entries a session keeps in each of its memories across cycles (failed victim searches,
@@ -201,13 +201,15 @@ class _Cycle:
         for i, line in enumerate(lines):
             if self._skip_answered(line):
                 heapq.heappush(heap, (self._key(line), i))
-        pop, push, turn, key = heapq.heappop, heapq.heappush, self._turn, self._key
-        while heap:
-            _, i = pop(heap)
-            line = lines[i]
+        pop, pushpop, turn, key = heapq.heappop, heapq.heappushpop, self._turn, self._key
+        item = pop(heap) if heap else None
+        while item is not None:  # a line that stays first goes on past the heap (pushpop)
+            line = lines[item[1]]
             turn(line)
             if not line.done and self._skip_answered(line) and not self._settle_tail(line):
-                push(heap, (key(line), i))
+                item = pushpop(heap, (key(line), item[1]))
+            else:
+                item = pop(heap) if heap else None
 
     def _turn(self, line: Line) -> None:
         """Try the job at the line's index (or take what a try of a job asking the same
@@ -456,18 +458,7 @@ class _Cycle:
                     if held is not None:
                         held.searched, held.empty = True, found is None
         if held_back:
-            first = self.reservations.items[0]
-            return Outcome.CAPACITY, Reason(
-                ReasonCode.BEHIND_HIGHER_PRIORITY,
-                f"it would fit in pool {held_back[0]} now, but the capacity is reserved for "
-                f"{first.job}, which goes first; it may start earlier only if its max_runtime "
-                "ends before that reservation",
-                {
-                    "pool": held_back[0],
-                    "reserved_for": [r.job for r in self.reservations.items],
-                    "queue": queue.name,
-                },
-            )
+            return Outcome.CAPACITY, self.reservations.held_back(held_back[0], queue.name)
         reason = most_relevant(reasons)
         if reason.code is ReasonCode.QUOTA_EXHAUSTED:
             return Outcome.QUOTA, reason

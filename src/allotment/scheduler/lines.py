@@ -149,7 +149,7 @@ class Outcome(Enum):
     __hash__ = object.__hash__
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Line:
     """One leaf queue's pending jobs in order, and how far the cycle got."""
 
@@ -157,23 +157,43 @@ class Line:
     jobs: list[PendingJob]
     values: list[int]
     ids: list[str]
-    index: int = 0
-    past_block: int = 0
-    admitted_past_block: int = 0
-    blocker: PendingJob | None = None
-    blocker_reason: Reason | None = None
-    done: bool = False
-    ends: frozenset[Outcome] = frozenset()
+    index: int
+    past_block: int
+    admitted_past_block: int
+    blocker: PendingJob | None
+    blocker_reason: Reason | None
+    done: bool
+    ends: frozenset[Outcome]
     """The outcomes of a head's try that end the line for the cycle: nothing past it
     starts (the policy's line rule, for this queue)."""
-    pools: list[str] | None = None
+    pools: list[str] | None
     """Where the queue's jobs are tried, in order (computed on first use)."""
-    allowed: list[str] | None = None
+    allowed: list[str] | None
     """Every pool open to the queue."""
-    own: list[str] = field(default_factory=list)
+    own: list[str]
     """The leading part of ``pools``: those where the queue holds a guaranteed quota."""
-    unsettled: int = -1
+    unsettled: int
     """The place of the last job found to need a real try (see the cycle's turns)."""
+
+    # Written out rather than generated: a compiled core runs this one natively, while
+    # a generated ``__init__`` stays interpreted (one line per queue and cycle).
+    def __init__(
+        self,
+        *,
+        queue: Queue,
+        jobs: list[PendingJob],
+        values: list[int],
+        ids: list[str],
+        ends: frozenset[Outcome] = frozenset(),
+    ) -> None:
+        self.queue, self.jobs, self.values, self.ids, self.ends = queue, jobs, values, ids, ends
+        self.index = self.past_block = self.admitted_past_block = 0
+        self.blocker = None
+        self.blocker_reason = None
+        self.done = False
+        self.pools = self.allowed = None
+        self.own = []
+        self.unsettled = -1
 
 
 @dataclass(slots=True)

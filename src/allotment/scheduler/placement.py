@@ -20,7 +20,7 @@ are exact inverses.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from allotment.domain.cluster import Node
 from allotment.domain.reasons import Reason, ReasonCode
@@ -128,13 +128,22 @@ class NodeState:
                     self.whole_free += (after == MILLI) - (before == MILLI)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class PlacementResult:
     """A placement (``placements`` set) or why none (``reason``)."""
 
-    placements: tuple[ReplicaPlacement, ...] = ()
-    reason: Reason | None = None
-    nodes: tuple[str, ...] = field(default_factory=tuple)
+    placements: tuple[ReplicaPlacement, ...]
+    reason: Reason | None
+    nodes: tuple[str, ...]
+
+    # Written out: compiled, it runs natively (a generated one stays interpreted).
+    def __init__(
+        self,
+        placements: tuple[ReplicaPlacement, ...] = (),
+        reason: Reason | None = None,
+        nodes: tuple[str, ...] = (),
+    ) -> None:
+        self.placements, self.reason, self.nodes = placements, reason, nodes
 
     @property
     def ok(self) -> bool:

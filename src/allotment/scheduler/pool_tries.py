@@ -32,7 +32,7 @@ class PoolTries:
         queue: str,
         pool: str,
         total: Mapping[str, int],
-        shape: tuple[object, ...],
+        shape: str,
         claims: Claims | None,
         held_back: list[str],
     ) -> tuple[PlacementResult, QuotaCheck] | Reason:
@@ -42,7 +42,7 @@ class PoolTries:
         state = self.state
         # Quota first, whatever is known about the nodes: a remembered failure must not
         # change which reason (and so which outcome) the job gets.
-        check = state.quota.check(queue, pool, total)
+        check = state.quota.check(queue, pool, total, shape)
         if not check.fits and check.blocking_queue != ROOT:
             return check.reason(pool, queue)  # out of its own quota or what it may borrow
         key = (pool, shape, claims is not None)
@@ -74,7 +74,7 @@ class PoolTries:
                 self._learn(pool, shape, unclaimed.reason)
         return placed.reason
 
-    def known(self, pool: str, shape: tuple[object, ...]) -> Reason | None:
+    def known(self, pool: str, shape: str) -> Reason | None:
         """Why a job of ``shape`` fits on no node of ``pool`` even without claims, if
         known: found this cycle, or (remembering) in an earlier cycle with no capacity
         given back in the pool since."""
@@ -89,6 +89,6 @@ class PoolTries:
             return reason
         return None
 
-    def _learn(self, pool: str, shape: tuple[object, ...], reason: Reason) -> None:
+    def _learn(self, pool: str, shape: str, reason: Reason) -> None:
         self.no_fit[(pool, shape, False)] = reason
         self.state.no_fit[(pool, shape)] = (self.state.released.get(pool, 0), reason)

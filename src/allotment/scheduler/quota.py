@@ -140,7 +140,7 @@ class QuotaTree:
         self._named: dict[str, set[str]] = {}
         """Per queue, the pools where its nominal quota names something (it is within
         its nominal quota nowhere else)."""
-        self._checked: dict[str, dict[tuple[object, ...], QuotaCheck]] = {}
+        self._checked: dict[str, dict[tuple[str, str], QuotaCheck]] = {}
         """Per pool, the answers of :meth:`check` since its usage last changed: a full
         fleet asks the same question of the same queue many times."""
         self._shares: dict[str, float] = {}
@@ -236,13 +236,15 @@ class QuotaTree:
                     binder = name
         return best, binder
 
-    def check(self, queue: str, pool: str, request: Mapping[str, int]) -> QuotaCheck:
+    def check(self, queue: str, pool: str, request: Mapping[str, int], shape: str) -> QuotaCheck:
         """Whether ``queue`` may add ``request`` in ``pool``, with the borrowed part or the
-        resource and level that say no."""
+        resource and level that say no. ``shape`` names the request (its job's
+        ``PendingJob.shape``): the answer is remembered under it until the pool's usage
+        changes."""
         known = self._checked.get(pool)
         if known is None:
             known = self._checked[pool] = {}
-        key = (queue, *sorted(request.items()))
+        key = (queue, shape)
         answer = known.get(key)
         if answer is None:
             answer = known[key] = self._check(queue, pool, request)

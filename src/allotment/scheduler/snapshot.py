@@ -122,14 +122,16 @@ class PendingJob:
         return sum(r.count for r in self.replicas)
 
     _total: dict[str, int] | None = field(default=None, init=False, repr=False, compare=False)
-    _shape: tuple[object, ...] | None = field(default=None, init=False, repr=False, compare=False)
+    _shape: str | None = field(default=None, init=False, repr=False, compare=False)
     _asks: str | None = field(default=None, init=False, repr=False, compare=False)
 
-    def shape(self) -> tuple[object, ...]:
-        """A hashable form of the request (replica counts and resources), for caches."""
+    def shape(self) -> str:
+        """The request (replica counts and resources) as a key for caches: a string, so
+        that its hash is computed once (a cycle looks up keys holding it for most jobs
+        it passes)."""
         if self._shape is None:
-            self._shape = tuple(
-                (g.count, tuple(sorted(g.resources.items()))) for g in self.replicas
+            self._shape = repr(
+                tuple((g.count, tuple(sorted(g.resources.items()))) for g in self.replicas)
             )
         return self._shape
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from allotment.domain.reasons import Reason, ReasonCode
+from allotment.domain.reasons import SEVERITY, SHORTAGES, Reason, ReasonCode
 from allotment.domain.resources import GPU, MILLI
 from allotment.scheduler.snapshot import PendingJob
 from allotment.scheduler.state import CycleState
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Verdict:
     """Why a try failed in a pool, with the pool's counts then."""
 
@@ -34,11 +34,19 @@ class Verdict:
     """The pool's ``CycleState.joined`` then."""
     left: int
     """The queue's ``CycleState.left`` in the pool then."""
-    searched: bool = False
+    searched: bool
     """A victim search failed there since, the pool unchanged."""
-    empty: bool = False
+    empty: bool
     """A victim search there found nothing to take (true while ``joined`` and ``left``
     are)."""
+
+    # Written out: compiled, it runs natively (a generated one stays interpreted).
+    def __init__(
+        self, changed: int, reason: Reason, joined: int, left: int, *, empty: bool = False
+    ) -> None:
+        self.changed, self.reason, self.joined, self.left = changed, reason, joined, left
+        self.searched = False
+        self.empty = empty
 
 
 def verdict(state: CycleState, queue: str, pool: str, reason: Reason) -> Verdict:
@@ -92,3 +100,27 @@ def whole_gpus_per_replica(job: PendingJob) -> int:
             return 0
         need = gpu if not need else min(need, gpu)
     return need
+
+
+def most_relevant(reasons: list[Reason]) -> Reason:
+    """Pick the one reason to show from several (e.g. one per pool tried).
+
+    A problem with the job or a policy gate outranks a shortage; among shortages the
+    least severe (closest to admission) wins, earlier pools first on ties.
+    """
+    if not reasons:
+        raise ValueError("most_relevant needs at least one reason")
+    # One pass (a cycle asks this for most jobs it tries): the first gate of the highest
+    # severity, else the first shortage of the lowest.
+    gate: Reason | None = None
+    shortage: Reason | None = None
+    for reason in reasons:
+        severity = SEVERITY[reason.code]
+        if reason.code in SHORTAGES:
+            if shortage is None or severity < SEVERITY[shortage.code]:
+                shortage = reason
+        elif gate is None or severity > SEVERITY[gate.code]:
+            gate = reason
+    best = gate if gate is not None else shortage
+    assert best is not None
+    return best
