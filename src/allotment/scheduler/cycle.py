@@ -396,7 +396,6 @@ class _Cycle:
                     state.placer, line.own, pools
                 )
             pools = ordered
-        total = job.total()
         bound = job.max_runtime if job.max_runtime is not None else job.expected_runtime
         claims = self.reservations.claims_for(state.now, bound)
         shape = job.shape()
@@ -417,7 +416,7 @@ class _Cycle:
                     reasons.append(held.reason)
                     known[pool] = verdicts[pool] = held
                     continue
-            failed = self.pools.attempt(job, queue.name, pool, total, shape, claims, held_back)
+            failed = self.pools.attempt(job, queue.name, pool, shape, claims, held_back)
             if not isinstance(failed, Reason):
                 self._admit(job, queue, klass, pool, *failed)
                 return Outcome.ADMITTED, None

@@ -323,7 +323,7 @@ class Backfill:
         for pool in pools:
             if pool not in named or not state.quota.within_nominal(queue, pool, total):
                 continue  # a borrower, whom reclaim may evict at once: hold nothing idle
-            check = state.quota.check(queue, pool, total, job.shape())
+            check = state.quota.check(queue, pool, job)
             if not check.fits and check.blocking_queue != ROOT:
                 continue  # short of quota, not of capacity: nothing to reserve
             reservation = plan_reservation(state, job, pool)

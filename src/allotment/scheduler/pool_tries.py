@@ -8,8 +8,6 @@ give capacity back in that pool.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from allotment.domain.reasons import Reason
 from allotment.scheduler.placement import Claims, PlacementResult
 from allotment.scheduler.quota import ROOT, QuotaCheck
@@ -31,7 +29,6 @@ class PoolTries:
         job: PendingJob,
         queue: str,
         pool: str,
-        total: Mapping[str, int],
         shape: str,
         claims: Claims | None,
         held_back: list[str],
@@ -42,7 +39,7 @@ class PoolTries:
         state = self.state
         # Quota first, whatever is known about the nodes: a remembered failure must not
         # change which reason (and so which outcome) the job gets.
-        check = state.quota.check(queue, pool, total, shape)
+        check = state.quota.check(queue, pool, job)
         if not check.fits and check.blocking_queue != ROOT:
             return check.reason(pool, queue)  # out of its own quota or what it may borrow
         key = (pool, shape, claims is not None)

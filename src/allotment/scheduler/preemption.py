@@ -150,7 +150,7 @@ def plan_victims(
     def fits() -> PlacementResult | None:
         if whole_gpus and state.placer.free_gpus(pool) < whole_gpus:
             return None  # not enough free GPUs yet, wherever they are
-        if not state.quota.check(leaf.name, pool, total, job.shape()).fits:
+        if not state.quota.check(leaf.name, pool, job).fits:
             return None
         placed = state.placer.place(
             pool, job.replicas, claims=claims, side=state.side(leaf.name, pool)

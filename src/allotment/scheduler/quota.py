@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Set
 from allotment.domain.cluster import Cluster, Queue
 from allotment.domain.reasons import Reason, ReasonCode
 from allotment.domain.resources import to_units
+from allotment.scheduler.snapshot import PendingJob
 
 ROOT = ""
 """The virtual root of every pool's tree: the pool's own capacity."""
@@ -236,18 +237,17 @@ class QuotaTree:
                     binder = name
         return best, binder
 
-    def check(self, queue: str, pool: str, request: Mapping[str, int], shape: str) -> QuotaCheck:
-        """Whether ``queue`` may add ``request`` in ``pool``, with the borrowed part or the
-        resource and level that say no. ``shape`` names the request (its job's
-        ``PendingJob.shape``): the answer is remembered under it until the pool's usage
-        changes."""
+    def check(self, queue: str, pool: str, job: PendingJob) -> QuotaCheck:
+        """Whether ``queue`` may add ``job`` (all its replicas) in ``pool``, with the
+        borrowed part or the resource and level that say no. The answer is remembered
+        under the job's shape until the pool's usage changes."""
         known = self._checked.get(pool)
         if known is None:
             known = self._checked[pool] = {}
-        key = (queue, shape)
+        key = (queue, job.shape())
         answer = known.get(key)
         if answer is None:
-            answer = known[key] = self._check(queue, pool, request)
+            answer = known[key] = self._check(queue, pool, job.total())
         return answer
 
     def _check(self, queue: str, pool: str, request: Mapping[str, int]) -> QuotaCheck:

@@ -11,6 +11,9 @@ victim search there had found nothing to take, nothing was added to take (no job
 became a possible victim, and none of the queue's own ended there, which could let it
 reclaim). The try's bookkeeping still runs as for a fresh answer (its victim search is
 counted against the cycle's bound), so the cycle decides exactly as it would have.
+
+Of the reasons a try gathers, one per pool, :func:`most_relevant` picks the one a job
+shows.
 """
 
 from __future__ import annotations
