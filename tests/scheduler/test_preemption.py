@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from allotment.domain.cluster import Cluster
-from allotment.scheduler.snapshot import RunningJob, SchedulerPolicy
+from allotment.scheduler.session import Session
+from allotment.scheduler.snapshot import RunningJob, SchedulerPolicy, Snapshot
 
 from .builders import NOW, ClusterBuilder, admitted, codes, cycle, job, running, victims
 
@@ -391,3 +392,81 @@ def test_moves_only_where_preemption_and_reclaim_are_both_on() -> None:
     policy = SchedulerPolicy(preemption=False, reclaim=True)
     decisions = cycle(cluster, [job("a1", "a", gpu=8)], runs, policy=policy)
     assert decisions.preemptions == []
+
+
+def test_a_moved_job_comes_back_first_to_the_room_it_was_promised() -> None:
+    # As above, c0 is moved for a1. It comes back while two 2-GPU jobs of its own queue,
+    # submitted before it, wait for the only two holes of two GPUs (c may hold 12, and
+    # holds 8 without c0): first in line, they would take both and leave c0 waiting.
+    # c0 is tried first (after a1) and restarts at once; one of them takes the other
+    # hole.
+    cluster, runs = scattered()
+    session = Session.from_snapshot(
+        Snapshot(now=NOW, cluster=cluster, pending=[job("a1", "a", gpu=8)], running=runs)
+    )
+    decisions = session.cycle(NOW)
+    assert victims(decisions) == {"a1": ["b0", "c0"]}
+    for victim in ("b0", "c0"):
+        session.gone(victim)
+    session.submit(job("c-x", "c", gpu=2, submit=NOW - 600))
+    session.submit(job("c-y", "c", gpu=2, submit=NOW - 590))
+    session.submit(job("c0", "c", gpu=1, submit=NOW - 60))
+    returned = session.pending_job("c0")
+    assert returned is not None and returned.moved
+    after = session.cycle(NOW + 1)
+    assert admitted(after) == ["a1", "c0", "c-x"]
+    assert not any(j.moved or j.preempting for j in session.pending())
+
+
+def spread_borrower() -> tuple[Cluster, list[RunningJob]]:
+    """Four 8-GPU nodes. ``c`` (12 guaranteed) has three 1-GPU jobs on every node; ``b``
+    (4) borrows 2 of ``a``'s 16: two 2-GPU jobs on a100-00 and one GPU on a100-01 and
+    a100-02. What is on a100-00 started ten seconds ago (the cheapest to restart); the
+    rest has run two hours. ``a`` holds nothing."""
+    cluster = (
+        ClusterBuilder()
+        .pool("a100", nodes=4)
+        .leaf("a", quota={"a100": {"gpu": 16}})
+        .leaf("b", quota={"a100": {"gpu": 4}})
+        .leaf("c", quota={"a100": {"gpu": 12}})
+        .build()
+    )
+    new, old = NOW - 10, NOW - 7200
+    runs = [
+        running("b00", "b", "a100-00", gpu=2, start=new),
+        running("b01", "b", "a100-00", gpu=2, first_device=2, start=new),
+        running("b1", "b", "a100-01", start=old),
+        running("b2", "b", "a100-02", start=old),
+    ]
+    for n in range(4):
+        first = {0: 4, 1: 1, 2: 1, 3: 0}[n]
+        runs += [
+            running(
+                f"c{n}{i}", "c", f"a100-0{n}", first_device=first + i, start=new if n == 0 else old
+            )
+            for i in range(3)
+        ]
+    return cluster, runs
+
+
+def test_a_move_never_takes_a_borrower_back_within_its_guarantee() -> None:
+    # a asks for a whole node. a100-00 would be the cheapest to clear, but only by
+    # taking both of b's jobs there, and b is back at its guarantee after the first:
+    # it would be owed in turn. Another node is cleared instead, b keeping its 4 GPUs.
+    cluster, runs = spread_borrower()
+    decisions = cycle(cluster, [job("a1", "a", gpu=8)], runs)
+    (preempt,) = decisions.preemptions
+    taken = {v.job for v in preempt.victims}
+    assert not taken & {"b00", "b01"}
+    assert {v.cause for v in preempt.victims} <= {"move", "reclaim"}
+    held_by_b = sum(r.total()["gpu"] for r in runs if r.queue == "b" and r.id not in taken)
+    assert held_by_b >= 4 * 1000
+
+
+def test_a_gang_is_not_given_room_by_moves() -> None:
+    # a's gang asks for two whole nodes; b's borrowing frees none (c is on every node).
+    # Restarting c's jobs is for a job that needs one node only: the gang waits.
+    cluster, runs = spread_borrower()
+    decisions = cycle(cluster, [job("gang", "a", gpu=8, replicas=2)], runs)
+    assert decisions.preemptions == []
+    assert codes(decisions) != {"gang": "waiting_for_preemption"}

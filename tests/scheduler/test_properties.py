@@ -783,9 +783,8 @@ def owed_gang_cases(draw: st.DrawFn) -> ReclaimCase:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(owed_gang_cases())
 def test_victims_chosen_for_an_owed_gang_suffice(case: ReclaimCase) -> None:
-    """Whatever the search finds (one by one, node by node, or by moves), taking those
-    victims lets the job in; they are jobs of queues that borrowed, except the moved
-    ones, which all start again at once beside it."""
+    """Whatever the search finds (one by one or node by node; a gang moves no job),
+    taking those victims lets the job in; they are jobs of queues that borrowed."""
     _victims_suffice(case)
 
 
@@ -794,7 +793,8 @@ def scattered_cases(draw: st.DrawFn) -> ReclaimCase:
     """One pool of 8-GPU nodes filled in a random order by small jobs (1, 2 or 4 GPUs) of
     a borrower and of a queue within its guarantee, so that no node holds only the
     borrower's; then a queue that holds nothing asks for whole nodes within its
-    guarantee (one replica or a gang): room is made by moves as well as by reclaim."""
+    guarantee (one replica, for which room is made by moves as well as by reclaim, or a
+    gang, by reclaim only)."""
     nodes = draw(st.integers(3, 6))
     owed = draw(st.integers(1, 2))
     kept = draw(st.integers(4, 8 * (nodes - owed) - 4))  # c's guarantee, in GPUs
@@ -839,10 +839,21 @@ def _victims_suffice(case: ReclaimCase) -> None:
         return
     gone = {v.job for v in preempts[0].victims}
     moved = {v.job for v in preempts[0].victims if v.cause == "move"}
+    assert not moved or case.claim.replica_count == 1, f"a gang moved {sorted(moved)}"
+    gpus = {r.id: r.total().get(GPU, 0) for r in case.running}
     for queue in {v.queue for v in preempts[0].victims if v.cause != "move"}:
         held = sum(r.total().get(GPU, 0) for r in case.running if r.queue == queue)
         nominal = case.cluster.queues[queue].nominal["p"].as_dict().get(GPU, 0)
         assert held > nominal, f"{queue} was not borrowing ({held} of {nominal})"
+    if moved:  # with moves, each borrower is taken only while its queue still borrows
+        given: dict[str, int] = {}
+        for victim in preempts[0].victims:
+            if victim.cause == "reclaim":
+                held = sum(gpus[r.id] for r in case.running if r.queue == victim.queue)
+                nominal = case.cluster.queues[victim.queue].nominal["p"].as_dict().get(GPU, 0)
+                left = held - given.get(victim.queue, 0)
+                assert left > nominal, f"{victim.job} taken with {victim.queue} at {left}"
+            given[victim.queue] = given.get(victim.queue, 0) + gpus[victim.job]
     remaining = [r for r in case.running if r.id not in gone]
     claim = replace(case.claim, preempting=tuple(gone))
     after = cycle(case.cluster, [claim], remaining)

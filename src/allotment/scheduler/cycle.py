@@ -5,7 +5,8 @@ Pure: no clock (``now`` is in the snapshot), no I/O. The phases:
 1. **state** — free capacity per node and quota usage per queue from the snapshot;
 2. **lines** — each leaf queue's pending jobs in order; closed queues (time windows)
    and unknown queues answered at once;
-3. **nominated** — jobs whose victims are still terminating keep their capacity;
+3. **nominated** — jobs whose victims are still terminating keep their capacity; those
+   whose victims are gone, then jobs just moved, are tried first;
 4. **order → nominate → admit or preempt** — queue heads in priority, then the
    policy's order; each head is tried in its pools (quota, then placement), else
    preemption, else it waits and may get a backfill reservation; whether the jobs
@@ -158,8 +159,9 @@ class _Cycle:
 
     def nominated(self) -> None:
         """Preemptors whose victims are still terminating keep the capacity freed for
-        them; those whose victims are gone are tried before anyone else."""
-        for job in self.preemptors:
+        them; those whose victims are gone are tried before anyone else, and then the
+        jobs their moves put back in line (on the room left for them)."""
+        for job in sorted(self.preemptors, key=_moved_last):
             line = self.line_of.get(job.queue)
             if line is not None:
                 self._nominated_one(line, job)
@@ -588,3 +590,7 @@ def schedule_once(snapshot: Snapshot) -> Decisions:
     classes = {name: c.value for name, c in snapshot.cluster.priority_classes.items()}
     queues, preemptors = group_lines(snapshot.pending, classes)
     return run_cycle(state, queues, preemptors)
+
+
+def _moved_last(job: PendingJob) -> bool:
+    return job.moved

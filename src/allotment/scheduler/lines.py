@@ -44,7 +44,7 @@ def group_lines(
     pending: Iterable[PendingJob], classes: Mapping[str, int]
 ) -> tuple[dict[str, QueueLine], list[PendingJob]]:
     """The lines of a snapshot's pending jobs (ties keep the snapshot's order), and the
-    jobs that already preempted victims (nominated)."""
+    jobs that already preempted victims or were moved (nominated)."""
     grouped: dict[str, list[PendingJob]] = {}
     preemptors: list[PendingJob] = []
     for job in pending:
@@ -53,7 +53,7 @@ def group_lines(
             grouped[job.queue] = [job]
         else:
             bucket.append(job)
-        if job.preempting:
+        if job.preempting or job.moved:
             preemptors.append(job)
     lines = {}
     for name, jobs in grouped.items():

@@ -23,14 +23,14 @@ first, each node's victims together (one by one, a gang's victims may be spread 
 many nodes, and a borrower's queue be back within its guarantee before any node is
 whole again); of the two sets, it takes the one that loses less work. A one-replica job
 compares the nodes that could be freed for it (:func:`_on_one_node`). Where all of this
-fails for a job owed its guarantee and the rule allows moves, jobs that fit again at once
-elsewhere in the pool may be taken too (:mod:`allotment.scheduler.moves`).
+fails for a one-replica job owed its guarantee and the rule allows moves, jobs that fit
+again at once elsewhere in the pool may be taken too (:mod:`allotment.scheduler.moves`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from allotment.domain.cluster import PriorityClass, Queue
 from allotment.domain.reasons import Reason, ReasonCode
@@ -64,6 +64,9 @@ class Candidates:
     items: list[tuple[Holder, str]]
     still_borrowing: Callable[[str], bool]
     movable: Callable[[Holder], bool] | None = None
+    releasing: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """Per queue, what its jobs in the pool already give back (terminating, or victims
+    chosen earlier in this cycle)."""
 
 
 def find_victims(
@@ -112,7 +115,7 @@ def victim_candidates(
         if item[0].id not in taken
     ][:MAX_CANDIDATES]
     movable: Callable[[Holder], bool] | None = None
-    if reclaim_ok and rule.may_move(state, leaf, pool):
+    if reclaim_ok and job.replica_count == 1 and rule.may_move(state, leaf, pool):
         value = job_class.value
 
         def movable(holder: Holder) -> bool:
@@ -122,7 +125,7 @@ def victim_candidates(
 
     if not candidates and movable is None:
         return None
-    return Candidates(candidates, still_borrowing, movable)
+    return Candidates(candidates, still_borrowing, movable, releasing)
 
 
 def plan_victims(
@@ -178,8 +181,6 @@ def plan_victims(
                 plan is None or _cost(whole.victims, state.now) < _cost(plan.victims, state.now)
             ):
                 plan = whole
-    if plan is None and found.movable is not None:
-        plan = _moved(state, job, pool, found, claims, fits)
     return plan
 
 
@@ -191,28 +192,35 @@ def _moved(
     claims: Claims | None,
     fits: Callable[[], PlacementResult | None],
 ) -> VictimPlan | None:
-    """Room for every replica of ``job`` by moving jobs that fit again elsewhere in the
-    pool (:mod:`allotment.scheduler.moves`), verified with those victims gone."""
+    """Room for ``job`` by moving jobs that fit again elsewhere in the pool
+    (:mod:`allotment.scheduler.moves`), verified with those victims gone; not when a
+    borrower it takes would no longer be borrowing."""
     assert found.movable is not None
+    allowed = _keeps_borrowing(state, pool, found.releasing)
     chosen = plan_moves(
         state,
-        [r.resources for r in job.replicas for _ in range(r.count)],
+        job.replicas[0].resources,
         pool,
         found.items,
         found.movable,
         claims,
         lambda victims: (_cost(victims, state.now), len(victims)),
+        allowed,
     )
-    return None if chosen is None else _verified(state, chosen, fits)
+    return None if chosen is None else _verified(state, chosen, fits, allowed)
 
 
 def _verified(
     state: CycleState,
     victims: list[tuple[Holder, str]],
     fits: Callable[[], PlacementResult | None],
+    allowed: Callable[[list[tuple[Holder, str]]], bool] | None = None,
 ) -> VictimPlan | None:
     """``victims`` with the job's placement once they are gone (quota and nodes
-    checked), or None when it still does not fit. Leaves ``state`` as it found it."""
+    checked), or None when it still does not fit or ``allowed`` refuses them. Leaves
+    ``state`` as it found it."""
+    if allowed is not None and not allowed(victims):
+        return None
     for holder, _ in victims:
         state.unhold(holder)
     try:
@@ -221,6 +229,31 @@ def _verified(
     finally:
         for holder, _ in victims:
             state.hold(holder)
+
+
+def _keeps_borrowing(
+    state: CycleState, pool: str, releasing: Mapping[str, Mapping[str, int]]
+) -> Callable[[list[tuple[Holder, str]]], bool]:
+    """Whether victims may be taken together, in their order: a borrower (``reclaim``)
+    only while its queue, without the victims before it and what its jobs already give
+    back (``releasing``), still borrows in ``pool``; else that queue would be owed in
+    turn. Reads the quota only (the state is not touched)."""
+
+    def allowed(victims: list[tuple[Holder, str]]) -> bool:
+        leaving: dict[str, dict[str, int]] = {}
+        for holder, cause in victims:
+            gone = leaving.get(holder.queue)
+            if gone is None:
+                gone = leaving[holder.queue] = dict(releasing.get(holder.queue, {}))
+            if cause == "reclaim" and not state.quota.is_borrowing(
+                holder.queue, pool, releasing=gone
+            ):
+                return False
+            for resource, amount in holder.total.items():
+                gone[resource] = gone.get(resource, 0) + amount
+        return True
+
+    return allowed
 
 
 def _cost(victims: list[tuple[Holder, str]], now: float) -> tuple[int, float]:

@@ -12,6 +12,9 @@ held); victims of preemption are untouched: the caller reports them with
 :meth:`Session.stopping` and :meth:`Session.gone` as they stop. Meanwhile their preemptor
 is *nominated* (:func:`carry_nominations`): it keeps the capacity they free and waits
 with ``waiting_for_preemption``, and once they are gone it is tried before anyone else.
+A victim of a move (cause ``move``) was evicted only because it fits again at once
+elsewhere: when it is submitted again it is nominated too (``PendingJob.moved``), and
+tried right after the preemptors in the next cycle.
 """
 
 from __future__ import annotations
@@ -42,17 +45,48 @@ def carry_nominations(
     update: Callable[[PendingJob], None],
 ) -> None:
     """The preemptor-nomination protocol, after a cycle. A preemptor whose victims were
-    all gone when the cycle began (``had_turn``) has had its turn first and competes like
-    any job from now on; a job that preempted in this cycle is nominated: it ``preempting``
-    its victims until they are gone, however long their grace period."""
+    all gone when the cycle began (``had_turn``), or a moved job, has had its turn first
+    and competes like any job from now on; a job that preempted in this cycle is
+    nominated: it ``preempting`` its victims until they are gone, however long their
+    grace period."""
     for job in had_turn:
         waiting = pending_job(job.id)
-        if waiting is not None and waiting.preempting:
-            update(replace(waiting, preempting=()))
+        if waiting is not None and (waiting.preempting or waiting.moved):
+            update(replace(waiting, preempting=(), moved=False))
     for preempt in decisions.preemptions:
         waiting = pending_job(preempt.job)
         if waiting is not None:
-            update(replace(waiting, preempting=tuple(v.job for v in preempt.victims)))
+            victims = tuple(v.job for v in preempt.victims)
+            update(replace(waiting, preempting=victims, moved=False))
+
+
+class MovedJobs:
+    """The jobs cycles moved (victims of cause ``move``) that have not come back yet:
+    when one is submitted again it is marked ``moved`` (nominated)."""
+
+    __slots__ = ("_ids",)
+
+    def __init__(self) -> None:
+        self._ids: set[str] = set()
+
+    def record(self, decisions: Decisions) -> None:
+        """The moves a cycle decided."""
+        for preempt in decisions.preemptions:
+            for victim in preempt.victims:
+                if victim.cause == "move":
+                    self._ids.add(victim.job)
+
+    def returning(self, job: PendingJob) -> PendingJob:
+        """``job`` as it joins a line: marked ``moved`` if a cycle moved it."""
+        if job.id not in self._ids:
+            return job
+        self._ids.discard(job.id)
+        return replace(job, moved=True)
+
+    def still_running(self, running: Mapping[str, object]) -> None:
+        """Forget a moved job that stopped without coming back (it is owed nothing)."""
+        if self._ids:
+            self._ids.intersection_update(running)
 
 
 def victims_gone(
@@ -82,6 +116,7 @@ class Session:
         self._lines: dict[str, SortedLine] = {}
         self._queue_of: dict[str, str] = {}
         self._preemptors: dict[str, PendingJob] = {}
+        self._moved = MovedJobs()
         self._occupied: dict[tuple[str, int], ReplicaPlacement] = {}
         self._classes = {name: c.value for name, c in cluster.priority_classes.items()}
         self._arrivals = 0
@@ -105,19 +140,22 @@ class Session:
 
     def submit(self, job: PendingJob) -> None:
         """A job joins its queue's line (after every job of its class submitted no
-        later). Its id must be new to the session."""
+        later); one that a cycle moved comes back nominated. Its id must be new to the
+        session."""
         if job.id in self._queue_of or job.id in self.running:
             raise ValueError(f"job {job.id} is already known to the session")
+        job = self._moved.returning(job)
         line = self._lines.get(job.queue)
         if line is None:
             line = self._lines[job.queue] = SortedLine()
         self._arrivals += 1
         place = line.add(job, self._classes.get(job.priority_class, UNKNOWN_VALUE), self._arrivals)
         self._queue_of[job.id] = job.queue
-        if job.preempting:
+        nominated = bool(job.preempting) or job.moved
+        if nominated:
             self._preemptors[job.id] = job
         quiet = self._quiet
-        if quiet is not None and not job.preempting:
+        if quiet is not None and not nominated:
             reach = quiet.reach
             stopped = reach.stopped.get(job.queue)
             if job.queue in reach.closed or (stopped is not None and place >= stopped):
@@ -149,7 +187,7 @@ class Session:
             and old.submit_time == job.submit_time
         ):
             line.replace(job)
-            if job.preempting:
+            if job.preempting or job.moved:
                 self._preemptors[job.id] = job
             else:
                 self._preemptors.pop(job.id, None)
@@ -240,6 +278,7 @@ class Session:
             wakeup = quiet.wakeup if quiet.wakeup is not None and quiet.wakeup > now else None
             return Decisions(now=now, next_wakeup=wakeup, stats=dict(_QUIET_STATS))
         self._quiet = None
+        self._moved.still_running(self.running)
         had_turn = victims_gone(self._preemptors.values(), self.running)
         reach = Reach()
         decisions = run_cycle(
@@ -276,6 +315,7 @@ class Session:
         for admit in decisions.admitted:
             self.running[admit.job] = admit.running(jobs[admit.job], at=now)
         carry_nominations(decisions, had_turn, self.pending_job, self.update)
+        self._moved.record(decisions)
         return decisions
 
     def waiting_shapes(self, per_queue: int = 64) -> list[dict[str, int]]:

@@ -116,6 +116,11 @@ class PendingJob:
     """A victim even where its class is not preemptible (the spec's ``preemptible``)."""
     preempting: tuple[str, ...] = ()
     """Victims already preempted for this job and not yet gone."""
+    moved: bool = False
+    """Back in line after a move (a victim of cause ``move``, evicted only because it
+    fits again at once elsewhere in its pool): nominated like a preemptor, it is tried
+    before anyone else in the next cycle, so that the room it was promised is not taken
+    by a job ahead of it."""
 
     @property
     def replica_count(self) -> int:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from allotment.domain.cluster import Cluster
 from allotment.scheduler.decisions import Decisions
-from allotment.scheduler.session import carry_nominations, victims_gone
+from allotment.scheduler.session import MovedJobs, carry_nominations, victims_gone
 from allotment.scheduler.snapshot import PendingJob, RunningJob, SchedulerPolicy, Snapshot
 from allotment.sim.errors import ReplayError
 
@@ -30,12 +30,14 @@ class SnapshotCore:
         self.schedule = schedule
         self.pending: dict[str, PendingJob] = {}
         self.running: dict[str, RunningJob] = {}
+        self.moved = MovedJobs()
 
     @property
     def pending_count(self) -> int:
         return len(self.pending)
 
     def submit(self, job: PendingJob) -> None:
+        job = self.moved.returning(job)
         self.pending[job.id] = job
 
     def update(self, job: PendingJob) -> None:
@@ -51,7 +53,8 @@ class SnapshotCore:
         return self.running.pop(job_id, None)
 
     def cycle(self, now: float, *, explain: bool = True) -> Decisions:
-        preemptors = (j for j in self.pending.values() if j.preempting)
+        self.moved.still_running(self.running)
+        preemptors = (j for j in self.pending.values() if j.preempting or j.moved)
         had_turn = victims_gone(preemptors, self.running)
         decisions = self.schedule(
             Snapshot(
@@ -69,4 +72,5 @@ class SnapshotCore:
                 raise ReplayError(f"the scheduler admitted job {admit.job}, which is {state}")
             self.running[job.id] = admit.running(job, at=now)
         carry_nominations(decisions, had_turn, self.pending_job, self.update)
+        self.moved.record(decisions)
         return decisions
