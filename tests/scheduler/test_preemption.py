@@ -337,18 +337,23 @@ def test_a_gang_takes_the_set_of_nodes_that_loses_the_least_work() -> None:
     assert victims(decisions) == {"gang": ["b-gang"]}
 
 
-def scattered(*, c_prio: str = "training") -> tuple[Cluster, list[RunningJob]]:
-    """Three 8-GPU nodes. ``a`` (8 GPUs guaranteed) holds nothing; ``b`` (4) borrows 4
-    beyond its guarantee; ``c`` (12) holds 9, within it, spread over every node, so that
-    no node is freed by taking ``b``'s jobs alone."""
-    cluster = (
+def three_queues(*, nodes: int, a_gpus: int) -> Cluster:
+    """8-GPU nodes in one pool; ``a`` guaranteed ``a_gpus``, ``b`` 4 and ``c`` 12."""
+    return (
         ClusterBuilder()
-        .pool("a100", nodes=3)
-        .leaf("a", quota={"a100": {"gpu": 8}})
+        .pool("a100", nodes=nodes)
+        .leaf("a", quota={"a100": {"gpu": a_gpus}})
         .leaf("b", quota={"a100": {"gpu": 4}})
         .leaf("c", quota={"a100": {"gpu": 12}})
         .build()
     )
+
+
+def scattered(*, c_prio: str = "training") -> tuple[Cluster, list[RunningJob]]:
+    """Three 8-GPU nodes. ``a`` (8 GPUs guaranteed) holds nothing; ``b`` (4) borrows 4
+    beyond its guarantee; ``c`` (12) holds 9, within it, spread over every node, so that
+    no node is freed by taking ``b``'s jobs alone."""
+    cluster = three_queues(nodes=3, a_gpus=8)
     runs = [
         running("c0", "c", "a100-00", start=NOW - 60, prio=c_prio),
         running("b0", "b", "a100-00", gpu=4, first_device=1),
@@ -423,14 +428,7 @@ def spread_borrower() -> tuple[Cluster, list[RunningJob]]:
     (4) borrows 2 of ``a``'s 16: two 2-GPU jobs on a100-00 and one GPU on a100-01 and
     a100-02. What is on a100-00 started ten seconds ago (the cheapest to restart); the
     rest has run two hours. ``a`` holds nothing."""
-    cluster = (
-        ClusterBuilder()
-        .pool("a100", nodes=4)
-        .leaf("a", quota={"a100": {"gpu": 16}})
-        .leaf("b", quota={"a100": {"gpu": 4}})
-        .leaf("c", quota={"a100": {"gpu": 12}})
-        .build()
-    )
+    cluster = three_queues(nodes=4, a_gpus=16)
     new, old = NOW - 10, NOW - 7200
     runs = [
         running("b00", "b", "a100-00", gpu=2, start=new),

@@ -53,7 +53,7 @@ def group_lines(
             grouped[job.queue] = [job]
         else:
             bucket.append(job)
-        if job.preempting or job.moved:
+        if job.nominated:
             preemptors.append(job)
     lines = {}
     for name, jobs in grouped.items():

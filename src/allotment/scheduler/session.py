@@ -51,7 +51,7 @@ def carry_nominations(
     grace period."""
     for job in had_turn:
         waiting = pending_job(job.id)
-        if waiting is not None and (waiting.preempting or waiting.moved):
+        if waiting is not None and waiting.nominated:
             update(replace(waiting, preempting=(), moved=False))
     for preempt in decisions.preemptions:
         waiting = pending_job(preempt.job)
@@ -151,7 +151,7 @@ class Session:
         self._arrivals += 1
         place = line.add(job, self._classes.get(job.priority_class, UNKNOWN_VALUE), self._arrivals)
         self._queue_of[job.id] = job.queue
-        nominated = bool(job.preempting) or job.moved
+        nominated = job.nominated
         if nominated:
             self._preemptors[job.id] = job
         quiet = self._quiet
@@ -187,7 +187,7 @@ class Session:
             and old.submit_time == job.submit_time
         ):
             line.replace(job)
-            if job.preempting or job.moved:
+            if job.nominated:
                 self._preemptors[job.id] = job
             else:
                 self._preemptors.pop(job.id, None)

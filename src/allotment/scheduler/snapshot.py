@@ -126,6 +126,11 @@ class PendingJob:
     def replica_count(self) -> int:
         return sum(r.count for r in self.replicas)
 
+    @property
+    def nominated(self) -> bool:
+        """Tried before anyone else: it preempted victims, or it was moved."""
+        return bool(self.preempting) or self.moved
+
     _total: dict[str, int] | None = field(default=None, init=False, repr=False, compare=False)
     _shape: str | None = field(default=None, init=False, repr=False, compare=False)
     _asks: str | None = field(default=None, init=False, repr=False, compare=False)

@@ -54,7 +54,7 @@ class SnapshotCore:
 
     def cycle(self, now: float, *, explain: bool = True) -> Decisions:
         self.moved.still_running(self.running)
-        preemptors = (j for j in self.pending.values() if j.preempting or j.moved)
+        preemptors = (j for j in self.pending.values() if j.nominated)
         had_turn = victims_gone(preemptors, self.running)
         decisions = self.schedule(
             Snapshot(
