@@ -501,6 +501,22 @@ def test_sixteen_jobs_that_can_never_run_do_not_hold_up_their_queue(
 
 
 @pytest.mark.parametrize("policy", BORROWING)
+def test_many_heads_short_of_quota_do_not_hold_up_a_job_that_fits(
+    tiny_cluster: Cluster, policy: str
+) -> None:
+    """Twenty 4-GPU jobs of team-a wait for quota (team-a holds 2 of its 4 GPUs, team-b
+    its own node, so there is nothing to borrow): more than the 16 jobs a line looks at
+    past a block, yet a1 (1 GPU, within team-a's guarantee, room on n1) starts at its
+    submit time. A job short of quota is answered from the quota alone: it is not a
+    block that bounds how far the line is looked at (BestEffortFIFO)."""
+    work = [job("r", 0, 100, gpus=2), job("b", 0, 100, queue="team-b")]
+    work += [job(f"big{i}", 0.5, 10) for i in range(20)] + [job("a1", 1, 10, gpus=1)]
+    got = spans(run(tiny_cluster, work, policy))
+    assert got["a1"] == [(1, 11, "succeeded")]
+    assert got["r"] == [(0, 100, "succeeded")]
+
+
+@pytest.mark.parametrize("policy", BORROWING)
 def test_a_job_larger_than_the_pool_does_not_hold_up_its_queue(
     tiny_cluster: Cluster, policy: str
 ) -> None:

@@ -256,7 +256,8 @@ class _Cycle:
                 tail.append((i, known))
                 if known[0] in line.ends:
                     break
-                past += 1
+                if known[0] is not Outcome.QUOTA:
+                    past += 1
             i += 1
         if self.past_block + len(tail) > policy.max_examined_past_block:
             return False
@@ -280,12 +281,12 @@ class _Cycle:
         line.index = last + 1
         if line.blocker is None:
             line.blocker, line.blocker_reason = jobs[tail[0][0]], tail[0][1][1]
-        if outcome in line.ends:
-            self._waited(line, len(tail) - 1)
+        ends = outcome in line.ends
+        waited = tail[:-1] if ends else tail
+        self._waited(line, len(waited), sum(k[0] is not Outcome.QUOTA for _, k in waited))
+        if ends:
             line.blocker, line.blocker_reason = jobs[last], reason
             line.done = True
-        else:
-            self._waited(line, len(tail))
 
     def _account(
         self, line: Line, job: PendingJob, outcome: Outcome, reason: Reason | None
@@ -312,13 +313,15 @@ class _Cycle:
         elif outcome is not Outcome.ADMITTED:
             if line.blocker is None:
                 line.blocker, line.blocker_reason = job, reason
-            self._waited(line, 1)
+            self._waited(line, 1, 0 if outcome is Outcome.QUOTA else 1)
 
-    def _waited(self, line: Line, count: int) -> None:
-        """``count`` more jobs of ``line`` wait past its block: past its depth the line
-        ends (when jobs were admitted past the block, the next cycle looks deeper), and
-        past the bound on such jobs across all queues the cycle stops short."""
-        line.past_block += count
+    def _waited(self, line: Line, count: int, deep: int) -> None:
+        """``count`` more jobs of ``line`` wait past its block, ``deep`` of them for other
+        than quota: past its depth (of those) the line ends (when jobs were admitted past
+        the block, the next cycle looks deeper), and past the bound on all of them across
+        all queues the cycle stops short. Jobs short of quota do not use up the depth:
+        however many wait, a job behind them that fits its queue's quota is tried."""
+        line.past_block += deep
         self.past_block += count
         policy = self.state.policy
         if line.past_block > policy.backfill_depth:
