@@ -516,6 +516,33 @@ def test_many_heads_short_of_quota_do_not_hold_up_a_job_that_fits(
     assert got["r"] == [(0, 100, "succeeded")]
 
 
+FOUR_NODES = """
+pools:
+  - {name: a100}
+nodes:
+  - {name_prefix: n, count: 4, pool: a100, capacity: {gpu: 4}}
+queues:
+  - {name: team-a, quota: {a100: {gpu: 16}}}
+"""
+"""Four 4-GPU nodes and one queue guaranteed all sixteen GPUs."""
+
+
+@pytest.mark.parametrize("policy", BORROWING)
+def test_many_gangs_short_of_capacity_do_not_hold_up_a_job_that_fits(policy: str) -> None:
+    """r1-r3 (3 GPUs each) leave one GPU free on n1-n3 and n4 whole; twenty gangs of
+    2 x 3 GPUs (within the quota) need two nodes with 3 GPUs free and wait for capacity:
+    more than the 16 jobs a line looks at past a block, yet a1 (1 GPU) starts at its
+    submit time. A gang short of capacity does not bound how far its line is looked at
+    (a reservation, once it has one, keeps the jobs behind it off its nodes)."""
+    cluster = load_cluster_text(FOUR_NODES, source="four")
+    work = [job(f"r{i}", 0, 100, gpus=3) for i in (1, 2, 3)]
+    work += [job(f"g{i}", 0.5, 10, gpus=3, replicas=2) for i in range(20)]
+    work.append(job("a1", 1, 10, gpus=1))
+    got = spans(run(cluster, work, policy))
+    assert got["a1"] == [(1, 11, "succeeded")]
+    assert got["g0"] == [(100, 110, "succeeded")]
+
+
 @pytest.mark.parametrize("policy", BORROWING)
 def test_a_job_larger_than_the_pool_does_not_hold_up_its_queue(
     tiny_cluster: Cluster, policy: str

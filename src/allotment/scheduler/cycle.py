@@ -40,6 +40,7 @@ from allotment.scheduler.lines import (
     closed_until,
     group_lines,
     not_a_leaf,
+    uses_depth,
 )
 from allotment.scheduler.placement import Claims, PlacementResult
 from allotment.scheduler.policy import Rules
@@ -256,7 +257,7 @@ class _Cycle:
                 tail.append((i, known))
                 if known[0] in line.ends:
                     break
-                if known[0] is not Outcome.QUOTA:
+                if uses_depth(known[0], job):
                     past += 1
             i += 1
         if self.past_block + len(tail) > policy.max_examined_past_block:
@@ -283,7 +284,7 @@ class _Cycle:
             line.blocker, line.blocker_reason = jobs[tail[0][0]], tail[0][1][1]
         ends = outcome in line.ends
         waited = tail[:-1] if ends else tail
-        self._waited(line, len(waited), sum(k[0] is not Outcome.QUOTA for _, k in waited))
+        self._waited(line, len(waited), sum(uses_depth(k[0], jobs[i]) for i, k in waited))
         if ends:
             line.blocker, line.blocker_reason = jobs[last], reason
             line.done = True
@@ -313,14 +314,13 @@ class _Cycle:
         elif outcome is not Outcome.ADMITTED:
             if line.blocker is None:
                 line.blocker, line.blocker_reason = job, reason
-            self._waited(line, 1, 0 if outcome is Outcome.QUOTA else 1)
+            self._waited(line, 1, int(uses_depth(outcome, job)))
 
     def _waited(self, line: Line, count: int, deep: int) -> None:
-        """``count`` more jobs of ``line`` wait past its block, ``deep`` of them for other
-        than quota: past its depth (of those) the line ends (when jobs were admitted past
-        the block, the next cycle looks deeper), and past the bound on all of them across
-        all queues the cycle stops short. Jobs short of quota do not use up the depth:
-        however many wait, a job behind them that fits its queue's quota is tried."""
+        """``count`` more jobs of ``line`` wait past its block, ``deep`` of them counted
+        toward its depth (:func:`~allotment.scheduler.lines.uses_depth`): past its depth
+        the line ends (when jobs were admitted past the block, the next cycle looks
+        deeper), and past the bound on all of them across all queues the cycle stops."""
         line.past_block += deep
         self.past_block += count
         policy = self.state.policy

@@ -149,6 +149,17 @@ class Outcome(Enum):
     __hash__ = object.__hash__
 
 
+def uses_depth(outcome: Outcome, job: PendingJob) -> bool:
+    """Whether ``job``, waiting with ``outcome``, counts toward the jobs its line is looked
+    at past a block in one cycle (the policy's ``backfill_depth``). Not one short of
+    quota, nor a gang short of capacity: however many of those wait, the jobs behind them
+    that fit are tried (a gang's reservation, once it has one, keeps them off the nodes
+    it needs). Both still count toward the cycle's bound across all queues."""
+    if outcome is Outcome.QUOTA:
+        return False
+    return outcome is not Outcome.CAPACITY or job.replica_count == 1
+
+
 @dataclass(slots=True, init=False)
 class Line:
     """One leaf queue's pending jobs in order, and how far the cycle got."""

@@ -47,8 +47,8 @@ class SchedulerPolicy:
     capacity idle for it is the last resort of one that starves. Without ``reclaim``
     (classic EASY backfill) the first blocked jobs reserve at once."""
     backfill_depth: int = 16
-    """How many jobs per queue are looked at past a blocked one in one cycle (those
-    short of quota, answered from the quota alone, not counted)."""
+    """How many jobs per queue are looked at past a blocked one in one cycle (not
+    counting those short of quota, nor gangs short of capacity)."""
     max_examined_past_block: int = 2000
     """How many jobs that do not start one cycle looks at, across all queues; the rest
     keep waiting behind them until the next cycle (bounds a cycle on a full fleet)."""
