@@ -461,10 +461,34 @@ def test_a_move_never_takes_a_borrower_back_within_its_guarantee() -> None:
     assert held_by_b >= 4 * 1000
 
 
-def test_a_gang_is_not_given_room_by_moves() -> None:
+def test_a_gang_is_not_given_room_by_moving_other_queues_jobs() -> None:
     # a's gang asks for two whole nodes; b's borrowing frees none (c is on every node).
-    # Restarting c's jobs is for a job that needs one node only: the gang waits.
+    # A gang moves only its own queue's jobs (c's would restart on several nodes at
+    # once for it): the gang waits.
     cluster, runs = spread_borrower()
     decisions = cycle(cluster, [job("gang", "a", gpu=8, replicas=2)], runs)
     assert decisions.preemptions == []
     assert codes(decisions) != {"gang": "waiting_for_preemption"}
+
+
+def test_a_gang_moves_its_own_queues_small_jobs_to_get_whole_nodes() -> None:
+    # Four 8-GPU nodes. a (24 guaranteed) holds 3 GPUs: a 1-GPU job on each of a100-00,
+    # -01 and -02, so no two nodes are whole even with every borrower gone. b (8
+    # guaranteed) fills a100-03 and borrows 4 GPUs on a100-02. a's gang of two whole
+    # nodes is owed its guarantee (3 + 16 <= 24): a's two jobs that have run the least
+    # restart on a100-02 beside b's, and a100-00 and -01 are the gang's. b keeps all it
+    # holds; a job of a's that could go nowhere else would not be moved.
+    cluster = (
+        ClusterBuilder()
+        .pool("a100", nodes=4)
+        .leaf("a", quota={"a100": {"gpu": 24}})
+        .leaf("b", quota={"a100": {"gpu": 8}})
+        .build()
+    )
+    runs = [running(f"a{n}", "a", f"a100-0{n}", start=NOW - 60 * (n + 1)) for n in range(3)]
+    runs += [running("b-own", "b", "a100-03", gpu=8, start=NOW - 7200)]
+    runs += [running("b-lent", "b", "a100-02", gpu=4, first_device=1, start=NOW - 7200)]
+    decisions = cycle(cluster, [job("gang", "a", gpu=8, replicas=2)], runs)
+    (preempt,) = decisions.preemptions
+    assert {v.job: v.cause for v in preempt.victims} == {"a0": "move", "a1": "move"}
+    assert codes(decisions) == {"gang": "waiting_for_preemption"}

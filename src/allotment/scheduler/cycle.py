@@ -246,7 +246,7 @@ class _Cycle:
         jobs, answered, failed = line.jobs, self.answered, self.failed
         policy = self.state.policy
         past, i = line.past_block, line.index
-        tail: list[tuple[int, tuple[Outcome, Reason | None]]] = []
+        tail: list[tuple[int, tuple[Outcome, Reason | None], bool]] = []
         while i < len(jobs) and past <= policy.backfill_depth:
             job = jobs[i]
             if not answered or job.id not in answered:
@@ -254,11 +254,11 @@ class _Cycle:
                 if known is None:
                     line.unsettled = i
                     return False
-                tail.append((i, known))
+                deep = uses_depth(known[0], job)
+                tail.append((i, known, deep))
                 if known[0] in line.ends:
                     break
-                if uses_depth(known[0], job):
-                    past += 1
+                past += deep
             i += 1
         if self.past_block + len(tail) > policy.max_examined_past_block:
             return False
@@ -269,22 +269,23 @@ class _Cycle:
         return True
 
     def _account_failed(
-        self, line: Line, tail: list[tuple[int, tuple[Outcome, Reason | None]]]
+        self, line: Line, tail: list[tuple[int, tuple[Outcome, Reason | None], bool]]
     ) -> None:
-        """:meth:`_account` for every job of ``tail`` (indexes, known failures) at once:
-        only the last can end the line or pass its depth; the cycle's bound is not hit."""
+        """:meth:`_account` for every job of ``tail`` (indexes, known failures, whether
+        each uses depth) at once: only the last can end the line or pass its depth; the
+        cycle's bound is not hit."""
         jobs, waiting = line.jobs, self.decisions.waiting
-        for index, (_, reason) in tail:
+        for index, (_, reason), _ in tail:
             if reason is not None:
                 waiting[jobs[index].id] = reason
         self.examined += len(tail)
-        last, (outcome, reason) = tail[-1]
+        last, (outcome, reason), _ = tail[-1]
         line.index = last + 1
         if line.blocker is None:
             line.blocker, line.blocker_reason = jobs[tail[0][0]], tail[0][1][1]
         ends = outcome in line.ends
         waited = tail[:-1] if ends else tail
-        self._waited(line, len(waited), sum(uses_depth(k[0], jobs[i]) for i, k in waited))
+        self._waited(line, len(waited), sum(deep for _, _, deep in waited))
         if ends:
             line.blocker, line.blocker_reason = jobs[last], reason
             line.done = True

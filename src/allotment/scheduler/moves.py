@@ -1,26 +1,29 @@
-"""Moves: room on one node for a job owed its guarantee, by restarting small jobs on
-other nodes of the same pool.
+"""Moves: room for a job owed its guarantee, by restarting small jobs on other nodes of
+the same pool.
 
 Reclaim gives back what borrowers hold, but not always in one piece: a pool's free GPUs
 may be spread over nodes that each keep a few small jobs (its owner's own, or jobs of
 queues within their guarantee), so a job that asks for most of a node finds none even
 with every borrower gone, and its queue stays short of its guarantee until enough of
 those small jobs end on one node. Where the victim rule allows moves
-(:meth:`~allotment.scheduler.victims.VictimRule.may_move`), a one-replica job owed its
-guarantee in a pool whose ordinary victim search failed may also take, from the node it
-needs, running one-replica jobs of a priority no higher than its own (cause ``move``),
-each only if it fits again at once on another node of the same pool (where borrowers
-may be reclaimed to make room for it), its queue's quota unchanged; the node's borrowers
-go as in reclaim, each only while its queue still borrows (else that queue would be
-owed in turn). The moved jobs are requeued like any victim and restart from the
-beginning (their progress is lost, as with every preemption), so the node whose victims
-lose the least work is taken (GPUs times time run); when they come back they are tried
-first (:class:`~allotment.scheduler.session.MovedJobs`). KAI-Scheduler's consolidation
-works the same way: evict only what can be placed again at once.
+(:meth:`~allotment.scheduler.victims.VictimRule.may_move`), a job owed its guarantee in
+a pool whose ordinary victim search failed may also take, from the node each of its
+replicas needs, running one-replica jobs of a priority no higher than its own (cause
+``move``), each only if it fits again at once on another node of the same pool that no
+replica takes (where borrowers may be reclaimed to make room for it), its queue's quota
+unchanged; the node's borrowers go as in reclaim, each only while its queue still
+borrows (else that queue would be owed in turn). The moved jobs are requeued like any
+victim and restart from the beginning (their progress is lost, as with every
+preemption), so the nodes whose victims lose the least work are taken (GPUs times time
+run); when they come back they are tried first
+(:class:`~allotment.scheduler.session.MovedJobs`). KAI-Scheduler's consolidation works
+the same way: evict only what can be placed again at once.
 
-A gang is never given room by moves: it would restart jobs and reclaim borrowers on
-several nodes at once, and on gang-heavy workloads of short jobs that cost the other
-jobs more waiting than it saved the gang (measured in the README, "Moves").
+A gang moves only its own queue's jobs: its queue's small jobs spread over the nodes
+are what keeps it from whole nodes where it is owed its guarantee (on Philly, most
+guarantee shortfalls), while moving other queues' jobs for it would restart jobs on
+several nodes at once, which on gang-heavy workloads of short jobs cost the other jobs
+more waiting than it saved the gang (measured in the README, "Moves").
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ more of the cheaper-looking nodes are checked (that check looks at every node)."
 
 def plan_moves(
     state: CycleState,
-    request: Mapping[str, int],
+    requests: list[Mapping[str, int]],
     pool: str,
     candidates: list[Candidate],
     movable: Callable[[Holder], bool],
@@ -48,18 +51,17 @@ def plan_moves(
     cost: Callable[[list[Candidate]], tuple[tuple[int, float], int]],
     allowed: Callable[[list[Candidate]], bool],
 ) -> list[Candidate] | None:
-    """Victims that leave room in ``pool`` for a one-replica job asking ``request``: on
-    the node whose victims cost least (``cost``), ``candidates`` there (borrowers, in
-    their order) and running one-replica jobs that ``movable`` allows (cause ``move``,
-    the least work lost first), each of which fits at once on another node of the pool;
-    only sets that ``allowed`` accepts (a borrower only while its queue still borrows).
-    None when no node can be freed so, or when it fits somewhere already. Worked out on
-    copies of the nodes; ``state`` unchanged."""
-    if not request.get(GPU, 0):
+    """Victims that leave room in ``pool`` for a job's replicas (``requests``, one node
+    each; the largest first): for each, a node where it fits already, else the node
+    whose victims cost least (``cost``): ``candidates`` there (borrowers, in their
+    order) and running one-replica jobs that ``movable`` allows (cause ``move``, the
+    least work lost first), each of which fits at once on another node of the pool that
+    no replica takes; only sets that ``allowed`` accepts (a borrower only while its
+    queue still borrows). None when some replica finds no such node, or when the job
+    fits as things are. Worked out on copies of the nodes; ``state`` unchanged."""
+    if not any(r.get(GPU, 0) for r in requests):
         return None  # room without GPUs is not what fragments
     view = _View(state.placer.by_pool.get(pool, ()), claims)
-    if view.fitting(request) is not None:
-        return None  # nothing to move
     on_node: dict[str, list[Candidate]] = {}
     named = {h.id for h, _ in candidates}
     for holder, cause in candidates:
@@ -80,33 +82,50 @@ def plan_moves(
     for items in on_node.values():
         # Borrowers first, in their order; then the moves, the least work lost first.
         items.sort(key=lambda c: lost_work(c[0], now) if c[1] == "move" else -1.0)
-    # Each node's victims first (cheap, on a copy of that node), the cheapest first; then
-    # whether the moved jobs fit elsewhere, which costs a look at every node.
-    options: list[tuple[tuple[tuple[int, float], int], str, list[Candidate]]] = []
-    for name, items in on_node.items():
-        freed = view.free_one(name, request, items, now)
-        if freed is not None:
-            options.append((cost(freed), name, freed))
-    options.sort(key=lambda o: o[0])
-    best: tuple[tuple[tuple[int, float], int], list[Candidate]] | None = None
-    tried = 0
-    for floor, name, freed in options:
-        if best is not None and (floor >= best[0] or tried > PLACED_AFTER_FIRST):
-            break  # no cheaper set is left, or enough have been compared
-        if not allowed(freed):
+    chosen: list[Candidate] = []
+    gone: set[str] = set()
+    for request in sorted(requests, key=lambda r: -r.get(GPU, 0)):
+        ready = view.fitting(request)
+        if ready is not None:
+            view.take(ready, request)
             continue
-        after = view.copy()
-        after.release(name, [h for h, _ in freed])
-        moved = [h for h, cause in freed if cause == "move"]
-        room_made = after.place_again(moved, name, borrowers, {h.id for h, _ in freed}, now)
-        if best is not None:
-            tried += 1
-        if room_made is None or not allowed(freed + room_made):
-            continue
-        key = cost(freed + room_made)
-        if best is None or key < best[0]:
-            best = (key, freed + room_made)
-    return None if best is None else best[1]
+        # Each node's victims first (cheap, on a copy of that node), the cheapest first;
+        # then whether the moved jobs fit elsewhere, which costs a look at every node.
+        options: list[tuple[tuple[tuple[int, float], int], str, list[Candidate]]] = []
+        for name, items in on_node.items():
+            if name in view.used:
+                continue
+            left = [item for item in items if item[0].id not in gone]
+            freed = view.free_one(name, request, left, now)
+            if freed is not None:
+                options.append((cost(chosen + freed), name, freed))
+        options.sort(key=lambda o: o[0])
+        best: tuple[tuple[tuple[int, float], int], list[Candidate], _View] | None = None
+        tried = 0
+        for floor, name, freed in options:
+            if best is not None and (floor >= best[0] or tried > PLACED_AFTER_FIRST):
+                break  # no cheaper set is left, or enough have been compared
+            if not allowed(chosen + freed):
+                continue
+            after = view.copy()
+            after.release(name, [h for h, _ in freed])
+            taken = gone | {h.id for h, _ in freed}
+            moved = [h for h, cause in freed if cause == "move"]
+            room_made = after.place_again(moved, name, borrowers, taken, now)
+            if best is not None:
+                tried += 1
+            if room_made is None or not allowed(chosen + freed + room_made):
+                continue
+            key = cost(chosen + freed + room_made)
+            if best is None or key < best[0]:
+                after.take(name, request)
+                best = (key, freed + room_made, after)
+        if best is None:
+            return None
+        _, freed, view = best
+        chosen.extend(freed)
+        gone.update(h.id for h, _ in freed)
+    return chosen or None
 
 
 class _View:
@@ -115,13 +134,21 @@ class _View:
     def __init__(self, nodes: Iterable[NodeState], claims: Claims | None) -> None:
         self.nodes = {n.name: n for n in nodes}
         self.rooms: dict[str, NodeState] = {}
+        self.used: set[str] = set()
+        """Nodes a replica of the job takes (nothing moves there)."""
         self.claims = claims
 
     def copy(self) -> _View:
         out = _View((), self.claims)
         out.nodes = self.nodes
         out.rooms = {name: room.twin() for name, room in self.rooms.items()}
+        out.used = set(self.used)
         return out
+
+    def take(self, name: str, request: Mapping[str, int]) -> None:
+        """A replica asking ``request`` placed on ``name``."""
+        self.used.add(name)
+        _occupy(self._own(name), request)
 
     def room(self, name: str) -> NodeState:
         return self.rooms.get(name) or self.nodes[name]
@@ -138,7 +165,7 @@ class _View:
     def fitting(self, request: Mapping[str, int]) -> str | None:
         """A node where ``request`` fits as things are."""
         for name in self.nodes:
-            if self.room(name).fits(request, self.claim(name)):
+            if name not in self.used and self.room(name).fits(request, self.claim(name)):
                 return name
         return None
 
@@ -171,7 +198,7 @@ class _View:
             wanted = holder.placements[0].resources
             target: NodeState | None = None
             for name in self.nodes:
-                if name == freed:
+                if name == freed or name in self.used:
                     continue
                 room = self.room(name)
                 if room.fits(wanted, self.claim(name)) and (
@@ -181,7 +208,7 @@ class _View:
             if target is None:
                 cheapest: tuple[float, str, list[Candidate]] | None = None
                 for name, items in borrowers.items():
-                    if name == freed or name not in self.nodes:
+                    if name == freed or name in self.used or name not in self.nodes:
                         continue
                     left = [item for item in items if item[0].id not in taken]
                     out = (

@@ -23,8 +23,9 @@ first, each node's victims together (one by one, a gang's victims may be spread 
 many nodes, and a borrower's queue be back within its guarantee before any node is
 whole again); of the two sets, it takes the one that loses less work. A one-replica job
 compares the nodes that could be freed for it (:func:`_on_one_node`). Where all of this
-fails for a one-replica job owed its guarantee and the rule allows moves, jobs that fit
-again at once elsewhere in the pool may be taken too (:mod:`allotment.scheduler.moves`).
+fails for a job owed its guarantee and the rule allows moves, jobs that fit again at once
+elsewhere in the pool may be taken too, for a gang only its own queue's
+(:mod:`allotment.scheduler.moves`).
 """
 
 from __future__ import annotations
@@ -115,13 +116,20 @@ def victim_candidates(
         if item[0].id not in taken
     ][:MAX_CANDIDATES]
     movable: Callable[[Holder], bool] | None = None
-    if reclaim_ok and job.replica_count == 1 and rule.may_move(state, leaf, pool):
+    if reclaim_ok and rule.may_move(state, leaf, pool):
         value = job_class.value
+        # A gang moves only its own queue's jobs (see moves.py).
+        own = leaf.name if job.replica_count > 1 else None
 
         def movable(holder: Holder) -> bool:
             # No higher a priority than the job's, nothing chosen already this cycle.
             klass = holder.klass
-            return klass.value <= value and not klass.borrow_only and holder.id not in taken
+            return (
+                klass.value <= value
+                and not klass.borrow_only
+                and holder.id not in taken
+                and (own is None or holder.queue == own)
+            )
 
     if not candidates and movable is None:
         return None
@@ -181,6 +189,8 @@ def plan_victims(
                 plan is None or _cost(whole.victims, state.now) < _cost(plan.victims, state.now)
             ):
                 plan = whole
+    if plan is None and found.movable is not None:
+        plan = _moved(state, job, pool, found, claims, fits)
     return plan
 
 
@@ -199,7 +209,7 @@ def _moved(
     allowed = _keeps_borrowing(state, pool, found.releasing)
     chosen = plan_moves(
         state,
-        job.replicas[0].resources,
+        [r.resources for r in job.replicas for _ in range(r.count)],
         pool,
         found.items,
         found.movable,

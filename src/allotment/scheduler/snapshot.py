@@ -125,7 +125,11 @@ class PendingJob:
 
     @property
     def replica_count(self) -> int:
-        return sum(r.count for r in self.replicas)
+        """How many replicas in all (computed once: a cycle asks it of every job it
+        passes)."""
+        if self._count < 0:
+            self._count = sum(r.count for r in self.replicas)
+        return self._count
 
     @property
     def nominated(self) -> bool:
@@ -135,6 +139,7 @@ class PendingJob:
     _total: dict[str, int] | None = field(default=None, init=False, repr=False, compare=False)
     _shape: str | None = field(default=None, init=False, repr=False, compare=False)
     _asks: str | None = field(default=None, init=False, repr=False, compare=False)
+    _count: int = field(default=-1, init=False, repr=False, compare=False)
 
     def shape(self) -> str:
         """The request (replica counts and resources) as a key for caches: a string, so
