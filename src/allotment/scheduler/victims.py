@@ -40,8 +40,8 @@ class VictimRule(Protocol):
     def may_move(self, state: CycleState, leaf: Queue, pool: str) -> bool:
         """Whether a job of ``leaf`` that may reclaim in ``pool`` (:meth:`may_reclaim`)
         but that no victim set fits may also restart other jobs on other nodes of
-        ``pool`` to make room on one (:mod:`allotment.scheduler.moves`): other queues
-        hold part of ``leaf``'s guarantee there."""
+        ``pool`` to make room (:mod:`allotment.scheduler.moves`): other queues hold part
+        of ``leaf``'s guarantee there."""
         ...
 
     def candidates(
