@@ -173,13 +173,9 @@ def plan_victims(
         plan, some_node = _on_one_node(state, request, pool, candidates, claims, fits)
         if plan is None and some_node:  # a node could be freed but the quota said no
             plan = _take(state, [(None, 0, [item]) for item in candidates], still_borrowing, fits)
-        if plan is None and found.movable is not None:
-            plan = _moved(state, job, pool, found, claims, fits)
-        return plan
-
-    plan = _take(state, [(None, 0, [item]) for item in candidates], still_borrowing, fits)
-    if job.replica_count > 1:
-        need = min(r.resources.get(GPU, 0) for r in job.replicas)
+    else:
+        plan = _take(state, [(None, 0, [item]) for item in candidates], still_borrowing, fits)
+        need = min(r.resources.get(GPU, 0) for r in job.replicas) if job.replica_count else 0
         if need:
             # Node by node as well, and the set that loses less is taken: one by one,
             # the cheapest victims may free whole nodes that cost more than a borrower's
