@@ -244,9 +244,18 @@ def test_autoscaling_follows_the_load_within_quota_and_a_scale_up_that_does_not_
         worker.start()
     try:
         # Six requests in flight at a target of one each: three replicas wanted, the
-        # queue's quota (two GPUs, no borrowing) holds two; the third waits, and says why.
+        # queue's quota (two GPUs, no borrowing) holds two; the third waits, and says why
+        # (once a controller turn has seen its job and the scheduler's answer for it).
         busy = wait_service(
-            up, "auto", lambda s: s["desired"] == 3 and s["ready"] == 2 and len(s["replicas"]) == 3
+            up,
+            "auto",
+            lambda s: (
+                s["desired"] == 3
+                and s["ready"] == 2
+                and len(s["replicas"]) == 3
+                and "replica job" in s["reason"]["message"]
+                and "not placed yet" not in s["reason"]["message"]
+            ),
         )
         [waiting] = [r for r in busy["replicas"] if not r["ready"]]
         assert waiting["state"] == "pending"
