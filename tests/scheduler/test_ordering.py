@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from allotment.scheduler.decisions import Decisions
-from allotment.scheduler.snapshot import SchedulerPolicy
+from allotment.scheduler.snapshot import PendingJob, SchedulerPolicy
 
 from .builders import NOW, ClusterBuilder, admitted, codes, cycle, job, running
 
@@ -119,6 +119,52 @@ def test_guaranteed_heads_go_before_borrowing_heads() -> None:
         [running("a-run", "a", "a100-00", gpu=4)],
     )
     assert admitted(decisions) == ["b-own"]
+
+
+def owner_and_guest(*pending: PendingJob) -> Decisions:
+    """Queue b's own pool (two 4-GPU nodes) has 4 of its 8 guaranteed GPUs free, 2 on
+    each node, so a 4-GPU job of b fits its guarantee but no node there; queue a's pool
+    (one 8-GPU node) has 4 of a's 8 free."""
+    cluster = (
+        ClusterBuilder()
+        .pool("a100", nodes=1)
+        .pool("v100", nodes=2, gpu=4)
+        .leaf("a", quota={"a100": {"gpu": 8}})
+        .leaf("b", quota={"v100": {"gpu": 8}})
+        .build()
+    )
+    runs = [
+        running("a-run", "a", "a100-00", gpu=4),
+        running("b-run0", "b", "v100-00", gpu=2),
+        running("b-run1", "b", "v100-01", gpu=2),
+    ]
+    return cycle(cluster, list(pending), runs)
+
+
+def test_a_job_that_fits_only_where_it_would_borrow_lets_that_pools_owner_go_first() -> None:
+    # b's job came first and, fitting b's guarantee, is ordered among the jobs that would
+    # not borrow; but the only pool where it fits is a's, where it would borrow. a's job,
+    # within a's guarantee there, goes first: were b's job admitted, a would reclaim it
+    # in the next cycle (a preemption for nothing).
+    decisions = owner_and_guest(
+        job("b-first", "b", gpu=4, submit=NOW - 300), job("a-second", "a", gpu=4)
+    )
+    assert admitted(decisions) == ["a-second"]
+    assert codes(decisions)["b-first"] == "no_node_fits"
+
+
+def test_a_job_borrows_where_it_fits_when_the_pools_owner_waits_for_nothing() -> None:
+    decisions = owner_and_guest(job("b-first", "b", gpu=4, submit=NOW - 300))
+    assert admitted(decisions) == ["b-first"]
+    assert decisions.admitted[0].pool == "a100"
+
+
+def test_a_job_borrows_where_the_pools_owner_waits_only_for_more_than_is_free() -> None:
+    decisions = owner_and_guest(
+        job("b-first", "b", gpu=4, submit=NOW - 300), job("a-big", "a", gpu=8)
+    )
+    assert admitted(decisions) == ["b-first"]
+    assert decisions.admitted[0].pool == "a100"
 
 
 def test_weight_scales_the_share() -> None:

@@ -29,6 +29,7 @@ from allotment.domain.durations import next_window_open, window_open
 from allotment.domain.reasons import Reason, ReasonCode
 from allotment.scheduler import ordering
 from allotment.scheduler.backfill import Reservations
+from allotment.scheduler.borrower_turn import BorrowerTurn
 from allotment.scheduler.decisions import Admit, Decisions, Preempt
 from allotment.scheduler.gates import Gates
 from allotment.scheduler.lines import (
@@ -42,7 +43,7 @@ from allotment.scheduler.lines import (
     not_a_leaf,
     uses_depth,
 )
-from allotment.scheduler.placement import Claims, PlacementResult
+from allotment.scheduler.placement import PlacementResult
 from allotment.scheduler.policy import Rules
 from allotment.scheduler.pool_tries import PoolTries
 from allotment.scheduler.preemption import (
@@ -96,15 +97,16 @@ class _Cycle:
     """A per-cycle bound stopped the cycle short: another cycle may do more."""
     past_block: int = 0
     """Jobs looked at, across all queues, that did not start."""
-    claimed: dict[tuple[object, ...], frozenset[object]] = field(default_factory=dict)
     failed: dict[str, tuple[Outcome, Reason | None]] = field(default_factory=dict)
     """Tries that failed this cycle without a reservation, by what decides them
     (:meth:`PendingJob.asks`)."""
+    turns: BorrowerTurn = field(init=False)
 
     def __post_init__(self) -> None:
         self.gates = Gates(self.state)
         self.pools = PoolTries(self.state, remember=not self.explain)
         self.rules = self.state.rules
+        self.turns = BorrowerTurn(self.line_of)
 
     # ------------------------------------------------------------ phase 2
 
@@ -219,14 +221,14 @@ class _Cycle:
         answered this cycle) and account for the outcome."""
         job = line.jobs[line.index]
         if job.not_before is not None:  # a back-off gate is the job's own
-            outcome, reason = self._try(job, line)
+            outcome, reason = self._try(job, line, defer=True)
         else:
             memo = job.asks()
             known = self.failed.get(memo)
             if known is not None:
                 outcome, reason = known
             else:
-                outcome, reason = self._try(job, line)
+                outcome, reason = self._try(job, line, defer=True)
                 if (
                     outcome is Outcome.QUOTA or outcome is Outcome.CAPACITY
                 ) and job.id not in self.decisions.reservations:
@@ -294,6 +296,8 @@ class _Cycle:
         self, line: Line, job: PendingJob, outcome: Outcome, reason: Reason | None
     ) -> None:
         """Take the outcome of the try of ``job``, the job at the line's index."""
+        if outcome is Outcome.DEFERRED:
+            return  # its line goes back in the heap as a borrower's, still at it
         self.examined += 1
         if outcome is Outcome.ADMITTED:
             self.shares.pop(line.queue.name, None)
@@ -358,6 +362,8 @@ class _Cycle:
             if len(state.borrows) >= MAX_REMEMBERED:
                 state.borrows.clear()  # memory stays bounded
             state.borrows[memo] = version, borrows
+        if self.turns.deferred and job.id in self.turns.deferred:
+            borrows = True
         return self.rules.order.key(
             job, line.values[line.index], name, borrows, state.now, self._share
         )
@@ -386,7 +392,9 @@ class _Cycle:
             return line.allowed
         return line.pools
 
-    def _try(self, job: PendingJob, line: Line) -> tuple[Outcome, Reason | None]:
+    def _try(
+        self, job: PendingJob, line: Line, *, defer: bool = False
+    ) -> tuple[Outcome, Reason | None]:
         queue = line.queue
         gate, klass, pools = self.gates.check(job, line.queue, self._open_pools(line, job))
         if gate is not None or klass is None:
@@ -424,6 +432,8 @@ class _Cycle:
                     continue
             failed = self.pools.attempt(job, queue.name, pool, shape, claims, held_back)
             if not isinstance(failed, Reason):
+                if defer and self.turns.defers(state, self.rules.quota, job, line, pool):
+                    return Outcome.DEFERRED, None
                 self._admit(job, queue, klass, pool, *failed)
                 return Outcome.ADMITTED, None
             reasons.append(failed)
@@ -435,7 +445,11 @@ class _Cycle:
                 if held is not None and held.searched:
                     continue  # its victim search failed and the pool has not changed
                 # A search that failed this cycle fails again (the world only fills up).
-                claimed = None if claims is None else self._claimed(pool, claims)
+                claimed = (
+                    None
+                    if claims is None
+                    else self.pools.claimed(pool, claims, len(self.reservations.items))
+                )
                 tried = (queue.name, pool, klass.value, shape, claimed)
                 if tried in self.no_victims:
                     continue
@@ -479,20 +493,6 @@ class _Cycle:
                 current = self.reach.ripe_at
                 self.reach.ripe_at = ripe if current is None else min(current, ripe)
         return Outcome.CAPACITY, reason
-
-    def _claimed(self, pool: str, claims: Claims) -> frozenset[object]:
-        """What ``claims`` hold on ``pool``'s nodes, hashable: a victim search that
-        failed leaving the same claims free fails again until the pool changes."""
-        key = (pool, len(self.reservations.items), id(claims))
-        known = self.claimed.get(key)
-        if known is None:
-            nodes = self.state.placer.nodes
-            known = self.claimed[key] = frozenset(
-                (node, *sorted(held.items()))
-                for node, held in claims.items()
-                if node in nodes and nodes[node].pool == pool
-            )
-        return known
 
     def _admit(
         self,

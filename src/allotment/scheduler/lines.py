@@ -143,6 +143,9 @@ class Outcome(Enum):
     may start (best effort)."""
     CAPACITY = auto()
     """Quota allows it, free capacity does not; it may get a reservation."""
+    DEFERRED = auto()
+    """It fits only where it would borrow, though its turn came among jobs that would
+    not: it is tried again in the borrowers' turn (its line waits for it)."""
 
     # Members are singletons: hashing by identity is exact, and far cheaper than Enum's
     # hash of the name (a cycle tests outcomes against its lines' ends millions of times).

@@ -3,7 +3,10 @@
 Within a queue: higher priority class first, then first come, first served. Across
 queues: a head that fits in its queue's unused nominal quota goes before one that would
 borrow (as in Kueue: otherwise a borrower admitted first is reclaimed at once by the
-guaranteed job behind it, a preemption for nothing); then the higher priority class;
+guaranteed job behind it, a preemption for nothing; a head ordered as one that would
+not borrow but that fits only where it would, while that pool's owner has jobs yet to
+try, goes back among the borrowers: :mod:`allotment.scheduler.borrower_turn`); then the
+higher priority class;
 among equal classes, the queue with the lower weighted dominant-resource share (usage /
 nominal quota, the largest over pools and resources) goes first, so a queue below its
 guarantee goes before one above it; waiting lowers the key by ``wait / aging_horizon``

@@ -23,6 +23,7 @@ class PoolTries:
         self.remember = remember
         """Whether a failed placement is known in later cycles (until capacity returns)."""
         self.no_fit: dict[tuple[object, ...], Reason] = {}
+        self._claimed: dict[tuple[object, ...], frozenset[object]] = {}
 
     def attempt(
         self,
@@ -89,3 +90,18 @@ class PoolTries:
     def _learn(self, pool: str, shape: str, reason: Reason) -> None:
         self.no_fit[(pool, shape, False)] = reason
         self.state.no_fit[(pool, shape)] = (self.state.released.get(pool, 0), reason)
+
+    def claimed(self, pool: str, claims: Claims, version: int) -> frozenset[object]:
+        """What ``claims`` (the cycle's ``version``-th set of reservations) hold on
+        ``pool``'s nodes, hashable: a victim search that failed leaving the same claims
+        free fails again until the pool changes."""
+        key = (pool, version, id(claims))
+        known = self._claimed.get(key)
+        if known is None:
+            nodes = self.state.placer.nodes
+            known = self._claimed[key] = frozenset(
+                (node, *sorted(held.items()))
+                for node, held in claims.items()
+                if node in nodes and nodes[node].pool == pool
+            )
+        return known
