@@ -94,6 +94,19 @@ class ClusterBuilder:
         return load_cluster_text(yaml.safe_dump(self.data), source="test")
 
 
+def two_owned_pools() -> Cluster:
+    """Pool a100 (one 8-GPU node) is queue a's, pool v100 (two 4-GPU nodes) queue b's:
+    8 GPUs guaranteed each, nothing to anyone else."""
+    return (
+        ClusterBuilder()
+        .pool("a100", nodes=1)
+        .pool("v100", nodes=2, gpu=4)
+        .leaf("a", quota={"a100": {"gpu": 8}})
+        .leaf("b", quota={"v100": {"gpu": 8}})
+        .build()
+    )
+
+
 def res(**units: Any) -> dict[str, int]:
     return Resources.parse(units).as_dict()
 

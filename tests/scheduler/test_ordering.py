@@ -7,7 +7,7 @@ from typing import Any
 from allotment.scheduler.decisions import Decisions
 from allotment.scheduler.snapshot import PendingJob, SchedulerPolicy
 
-from .builders import NOW, ClusterBuilder, admitted, codes, cycle, job, running
+from .builders import NOW, ClusterBuilder, admitted, codes, cycle, job, running, two_owned_pools
 
 
 def one_node_two_queues(**pool: object) -> ClusterBuilder:
@@ -125,14 +125,7 @@ def owner_and_guest(*pending: PendingJob) -> Decisions:
     """Queue b's own pool (two 4-GPU nodes) has 4 of its 8 guaranteed GPUs free, 2 on
     each node, so a 4-GPU job of b fits its guarantee but no node there; queue a's pool
     (one 8-GPU node) has 4 of a's 8 free."""
-    cluster = (
-        ClusterBuilder()
-        .pool("a100", nodes=1)
-        .pool("v100", nodes=2, gpu=4)
-        .leaf("a", quota={"a100": {"gpu": 8}})
-        .leaf("b", quota={"v100": {"gpu": 8}})
-        .build()
-    )
+    cluster = two_owned_pools()
     runs = [
         running("a-run", "a", "a100-00", gpu=4),
         running("b-run0", "b", "v100-00", gpu=2),

@@ -8,7 +8,17 @@ from allotment.domain.cluster import Cluster
 from allotment.scheduler.session import Session
 from allotment.scheduler.snapshot import RunningJob, SchedulerPolicy, Snapshot
 
-from .builders import NOW, ClusterBuilder, admitted, codes, cycle, job, running, victims
+from .builders import (
+    NOW,
+    ClusterBuilder,
+    admitted,
+    codes,
+    cycle,
+    job,
+    running,
+    two_owned_pools,
+    victims,
+)
 
 
 def shared(**leaf_a: object) -> ClusterBuilder:
@@ -492,3 +502,58 @@ def test_a_gang_moves_its_own_queues_small_jobs_to_get_whole_nodes() -> None:
     (preempt,) = decisions.preemptions
     assert {v.job: v.cause for v in preempt.victims} == {"a0": "move", "a1": "move"}
     assert codes(decisions) == {"gang": "waiting_for_preemption"}
+
+
+def fragmented_owner() -> tuple[Cluster, list[RunningJob]]:
+    """Pool v100, two 4-GPU nodes, is b's (8 guaranteed): b holds 2 GPUs on each node,
+    the one on v100-01 started a minute ago. Pool a100 (one 8-GPU node) is a's and full.
+    Nobody else holds part of b's guarantee."""
+    cluster = two_owned_pools()
+    runs = [
+        running("a-run", "a", "a100-00", gpu=8),
+        running("b-old", "b", "v100-00", gpu=2, start=NOW - 7200),
+        running("b-new", "b", "v100-01", gpu=2, start=NOW - 60),
+    ]
+    return cluster, runs
+
+
+def test_an_owed_job_moves_its_queues_jobs_before_another_queue_borrows_the_room() -> None:
+    # b's 4-GPU job fits b's guarantee but no node: each has 2 free. With nobody else in
+    # the pool, b does not restart its own jobs for it (it waits for one to end).
+    cluster, runs = fragmented_owner()
+    alone = cycle(cluster, [job("b-big", "b", gpu=4, submit=NOW - 300)], runs)
+    assert alone.preemptions == []
+    assert codes(alone) == {"b-big": "no_node_fits"}
+    # a's 2-GPU job would borrow those free GPUs: admitted, it would leave b owed its
+    # guarantee, and b would take it back in the next cycle (a preemption for nothing).
+    # So b moves b-new beside b-old first, and a's job waits this cycle, told why.
+    decisions = cycle(
+        cluster,
+        [job("b-big", "b", gpu=4, submit=NOW - 300), job("a-small", "a", gpu=2)],
+        runs,
+    )
+    assert admitted(decisions) == []
+    (preempt,) = decisions.preemptions
+    assert preempt.job == "b-big"
+    assert {v.job: v.cause for v in preempt.victims} == {"b-new": "move"}
+    assert codes(decisions) == {
+        "b-big": "waiting_for_preemption",
+        "a-small": "behind_higher_priority",
+    }
+    reason = decisions.waiting["a-small"]
+    assert "queue b is moving jobs there to make room for b-big" in reason.message
+    assert reason.detail["reserved_for"] == ["b-big"]
+
+
+def test_a_borrower_still_takes_room_an_owed_job_could_not_get_by_moves() -> None:
+    # b's jobs outrank its waiting one: no move makes room for it, and a's job borrows
+    # the free GPUs as before.
+    cluster, runs = fragmented_owner()
+    runs = [r if r.queue == "a" else replace(r, priority_class="key-project") for r in runs]
+    decisions = cycle(
+        cluster,
+        [job("b-big", "b", gpu=4, submit=NOW - 300), job("a-small", "a", gpu=2)],
+        runs,
+    )
+    assert decisions.preemptions == []
+    assert admitted(decisions) == ["a-small"]

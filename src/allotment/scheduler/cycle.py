@@ -49,6 +49,7 @@ from allotment.scheduler.pool_tries import PoolTries
 from allotment.scheduler.preemption import (
     VictimPlan,
     describe,
+    find_victims,
     held_for_preemptor,
     plan_victims,
     victim_candidates,
@@ -56,12 +57,8 @@ from allotment.scheduler.preemption import (
 )
 from allotment.scheduler.quota import QuotaCheck
 from allotment.scheduler.snapshot import PendingJob, Snapshot
-from allotment.scheduler.state import CycleState
+from allotment.scheduler.state import MAX_REMEMBERED, CycleState
 from allotment.scheduler.verdicts import Verdict, holding, most_relevant, recall, verdict
-
-MAX_REMEMBERED = 65_536
-"""Entries a session keeps in each of its memories across cycles (failed victim searches,
-verdicts per pool, whether a request borrows), at most."""
 
 
 @dataclass(slots=True)
@@ -76,7 +73,6 @@ class _Cycle:
     taken: set[str] = field(default_factory=set)
     touched: set[str] = field(default_factory=set)
     """Pools where this cycle admitted a job (their verdicts are not reused)."""
-    no_victims: set[tuple[object, ...]] = field(default_factory=set)
     searches: int = 0
     answered: set[str] = field(default_factory=set)
     """Jobs decided before phase 4 (nominated preemptors)."""
@@ -410,8 +406,7 @@ class _Cycle:
                     state.placer, line.own, pools
                 )
             pools = ordered
-        bound = job.max_runtime if job.max_runtime is not None else job.expected_runtime
-        claims = self.reservations.claims_for(state.now, bound)
+        claims = self.reservations.claims_for(state.now, job.runtime_bound)
         shape = job.shape()
         reasons: list[Reason] = []
         held_back: list[str] = []
@@ -434,6 +429,11 @@ class _Cycle:
             if not isinstance(failed, Reason):
                 if defer and self.turns.defers(state, self.rules.quota, job, line, pool):
                     return Outcome.DEFERRED, None
+                kept = self._kept(queue.name, pool, job.total())
+                if kept is not None:
+                    reasons.append(kept)
+                    reuse = False  # victims were taken: no verdicts
+                    continue
                 self._admit(job, queue, klass, pool, *failed)
                 return Outcome.ADMITTED, None
             reasons.append(failed)
@@ -444,18 +444,10 @@ class _Cycle:
                 held = known.get(pool)
                 if held is not None and held.searched:
                     continue  # its victim search failed and the pool has not changed
-                # A search that failed this cycle fails again (the world only fills up).
-                claimed = (
-                    None
-                    if claims is None
-                    else self.pools.claimed(pool, claims, len(self.reservations.items))
-                )
-                tried = (queue.name, pool, klass.value, shape, claimed)
-                if tried in self.no_victims:
+                version = len(self.reservations.items)
+                tried = self.pools.search(queue.name, pool, klass.value, shape, claims, version)
+                if self.pools.searched(tried, pool):
                     continue
-                failed_at = state.no_victims.get(tried)
-                if failed_at is not None and failed_at == state.changed.get(pool, 0):
-                    continue  # nothing ran, ended or began stopping there since it failed
                 if self.searches >= state.policy.preemption_searches:
                     self.truncated = True
                     break
@@ -468,19 +460,16 @@ class _Cycle:
                 )
                 if plan is not None:
                     return Outcome.PREEMPTING, self._preempt(job, queue, klass, pool, plan)
-                self.no_victims.add(tried)
-                if not self.taken:
-                    if len(state.no_victims) >= MAX_REMEMBERED:
-                        state.no_victims.clear()  # memory stays bounded
-                        state.verdicts.clear()  # theirs rely on these searches
-                    state.no_victims[tried] = state.changed.get(pool, 0)
-                    if held is not None:
-                        held.searched, held.empty = True, found is None
+                self.pools.search_failed(tried, pool, remember=not self.taken)
+                if held is not None and not self.taken:
+                    held.searched, held.empty = True, found is None
         if held_back:
             return Outcome.CAPACITY, self.reservations.held_back(held_back[0], queue.name)
         reason = most_relevant(reasons)
         if reason.code is ReasonCode.QUOTA_EXHAUSTED:
             return Outcome.QUOTA, reason
+        if self.rules.victims.may_preempt(klass):
+            self.turns.stuck(state, self.rules.victims, job, line, klass, pools)
         reservation = self.rules.reservations.reserve(
             state, job, queue.name, pools, len(self.decisions.reservations)
         )
@@ -493,6 +482,18 @@ class _Cycle:
                 current = self.reach.ripe_at
                 self.reach.ripe_at = ripe if current is None else min(current, ripe)
         return Outcome.CAPACITY, reason
+
+    def _kept(self, queue: str, pool: str, total: dict[str, int]) -> Reason | None:
+        """Why a fitting ``total`` job of ``queue`` waits: a queue owed room in ``pool``
+        tried again first, moves allowed, and made room (see borrower_turn.py)."""
+        state, turns = self.state, self.turns
+        for job, line, klass in turns.owners_first(state, queue, pool, total):
+            claims = self.reservations.claims_for(state.now, job.runtime_bound)
+            plan = find_victims(state, job, line.queue, pool, klass, self.taken, claims, True)
+            if plan is not None:
+                self.decisions.waiting[job.id] = self._preempt(job, line.queue, klass, pool, plan)
+                turns.keep(pool, line.queue.name, job.id)
+        return turns.kept_for(state, pool, queue, total)
 
     def _admit(
         self,

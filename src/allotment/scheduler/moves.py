@@ -6,16 +6,17 @@ may be spread over nodes that each keep a few small jobs (its owner's own, or jo
 queues within their guarantee), so a job that asks for most of a node finds none even
 with every borrower gone, and its queue stays short of its guarantee until enough of
 those small jobs end on one node. Where the victim rule allows moves
-(:meth:`~allotment.scheduler.victims.VictimRule.may_move`), a job owed its guarantee in
-a pool whose ordinary victim search failed may also take, from the node each of its
-replicas needs, running one-replica jobs of a priority no higher than its own (cause
-``move``), each only if it fits again at once on another node of the same pool that no
-replica takes (where borrowers may be reclaimed to make room for it), its queue's quota
-unchanged; the node's borrowers go as in reclaim, each only while its queue still
-borrows (else that queue would be owed in turn). The moved jobs are requeued like any
-victim and restart from the beginning (their progress is lost, as with every
-preemption), so the nodes whose victims lose the least work are taken (GPUs times time
-run); when they come back they are tried first
+(:meth:`~allotment.scheduler.victims.VictimRule.may_move`: other queues hold part of
+the guarantee, or one is about to, :mod:`allotment.scheduler.borrower_turn`), a job
+owed its guarantee in a pool whose ordinary victim search failed may also take, from
+the node each of its replicas needs, running one-replica jobs of a priority no higher
+than its own (cause ``move``), each only if it fits again at once on another node of
+the same pool that no replica takes (where borrowers may be reclaimed to make room for
+it), its queue's quota unchanged; the node's borrowers go as in reclaim, each only
+while its queue still borrows (else that queue would be owed in turn). The moved jobs
+are requeued like any victim and restart from the beginning (their progress is lost, as
+with every preemption), so the nodes whose victims lose the least work are taken (GPUs
+times time run); when they come back they are tried first
 (:class:`~allotment.scheduler.session.MovedJobs`). KAI-Scheduler's consolidation works
 the same way: evict only what can be placed again at once.
 

@@ -12,7 +12,7 @@ from allotment.domain.reasons import Reason
 from allotment.scheduler.placement import Claims, PlacementResult
 from allotment.scheduler.quota import ROOT, QuotaCheck
 from allotment.scheduler.snapshot import PendingJob
-from allotment.scheduler.state import CycleState
+from allotment.scheduler.state import MAX_REMEMBERED, CycleState
 
 
 class PoolTries:
@@ -24,6 +24,8 @@ class PoolTries:
         """Whether a failed placement is known in later cycles (until capacity returns)."""
         self.no_fit: dict[tuple[object, ...], Reason] = {}
         self._claimed: dict[tuple[object, ...], frozenset[object]] = {}
+        self._no_victims: set[tuple[object, ...]] = set()
+        """Victim searches that failed this cycle."""
 
     def attempt(
         self,
@@ -91,7 +93,42 @@ class PoolTries:
         self.no_fit[(pool, shape, False)] = reason
         self.state.no_fit[(pool, shape)] = (self.state.released.get(pool, 0), reason)
 
-    def claimed(self, pool: str, claims: Claims, version: int) -> frozenset[object]:
+    def search(
+        self,
+        queue: str,
+        pool: str,
+        value: int,
+        shape: str,
+        claims: Claims | None,
+        version: int,
+    ) -> tuple[object, ...]:
+        """What decides a victim search for a job of ``queue``, of class ``value`` and
+        ``shape``, in ``pool``, leaving ``claims`` (the cycle's ``version``-th set of
+        reservations) free."""
+        claimed = None if claims is None else self._held(pool, claims, version)
+        return (queue, pool, value, shape, claimed)
+
+    def searched(self, search: tuple[object, ...], pool: str) -> bool:
+        """Whether ``search`` is known to fail: it failed in this cycle (the world only
+        fills up), or in an earlier one and nothing ran, ended or began stopping in
+        ``pool`` since."""
+        if search in self._no_victims:
+            return True
+        failed_at = self.state.no_victims.get(search)
+        return failed_at is not None and failed_at == self.state.changed.get(pool, 0)
+
+    def search_failed(self, search: tuple[object, ...], pool: str, *, remember: bool) -> None:
+        """``search`` found no victims; ``remember``: in later cycles too, until ``pool``
+        changes (only a search with no victims taken before it in the cycle)."""
+        self._no_victims.add(search)
+        if remember:
+            state = self.state
+            if len(state.no_victims) >= MAX_REMEMBERED:
+                state.no_victims.clear()  # memory stays bounded
+                state.verdicts.clear()  # theirs rely on these searches
+            state.no_victims[search] = state.changed.get(pool, 0)
+
+    def _held(self, pool: str, claims: Claims, version: int) -> frozenset[object]:
         """What ``claims`` (the cycle's ``version``-th set of reservations) hold on
         ``pool``'s nodes, hashable: a victim search that failed leaving the same claims
         free fails again until the pool changes."""

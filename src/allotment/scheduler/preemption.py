@@ -78,11 +78,12 @@ def find_victims(
     job_class: PriorityClass,
     taken: set[str],
     claims: Claims | None = None,
+    lending: bool = False,
 ) -> VictimPlan | None:
     """Victims that let ``job`` into ``pool`` (leaving ``claims`` free), with its
-    placement once they are gone; None when no allowed, non-empty set suffices. Leaves
-    ``state`` as it found it."""
-    found = victim_candidates(state, job, leaf, pool, job_class, taken)
+    placement once they are gone; None when no allowed, non-empty set suffices
+    (``lending``: as :func:`victim_candidates`). Leaves ``state`` as it found it."""
+    found = victim_candidates(state, job, leaf, pool, job_class, taken, lending)
     return None if found is None else plan_victims(state, job, leaf, pool, found, claims)
 
 
@@ -93,10 +94,13 @@ def victim_candidates(
     pool: str,
     job_class: PriorityClass,
     taken: set[str],
+    lending: bool = False,
 ) -> Candidates | None:
     """What a ``job_class`` job of ``leaf`` may take in ``pool`` (none of ``taken``);
     None when nothing: a search there fails until a job there becomes a possible victim
-    or one of ``leaf``'s ends there (``CycleState.joined``, ``CycleState.left``)."""
+    or one of ``leaf``'s ends there (``CycleState.joined``, ``CycleState.left``).
+    ``lending``: another queue's job is about to take part of ``leaf``'s guarantee
+    there (moves are allowed as if it had)."""
     if not job_class.can_preempt or job_class.borrow_only:
         return None
     total = job.total()
@@ -116,7 +120,7 @@ def victim_candidates(
         if item[0].id not in taken
     ][:MAX_CANDIDATES]
     movable: Callable[[Holder], bool] | None = None
-    if reclaim_ok and rule.may_move(state, leaf, pool):
+    if reclaim_ok and rule.may_move(state, leaf, pool, lending):
         value = job_class.value
         # A gang moves only its own queue's jobs (see moves.py).
         own = leaf.name if job.replica_count > 1 else None

@@ -347,18 +347,20 @@ class QuotaTree:
             if amount > 0 and r in nominal
         )
 
-    def lent_out(self, queue: str, pool: str) -> bool:
+    def lent_out(self, queue: str, pool: str, adding: Mapping[str, int] | None = None) -> bool:
         """Whether other queues hold part of ``queue``'s guarantee in ``pool``: of some
         resource it is guaranteed, the rest of the pool uses more than the pool has
-        beyond that guarantee."""
+        beyond that guarantee (with ``adding``: once another queue's job that asks so
+        much is admitted there too)."""
         nominal = self._nominal.get((queue, pool))
         if not nominal:
             return False
         mine = self._usage[(queue, pool)]
         everyone = self._usage[(ROOT, pool)]
         capacity = self._nominal[(ROOT, pool)]
+        more = adding or {}
         return any(
-            everyone.get(r, 0) - mine.get(r, 0) > capacity.get(r, 0) - amount
+            everyone.get(r, 0) + more.get(r, 0) - mine.get(r, 0) > capacity.get(r, 0) - amount
             for r, amount in nominal.items()
             if amount > 0
         )

@@ -132,6 +132,12 @@ class PendingJob:
         return self._count
 
     @property
+    def runtime_bound(self) -> float | None:
+        """How long it runs at most, as far as is known: its ``max_runtime``, else its
+        expected runtime (what reservations ahead of it are checked against)."""
+        return self.max_runtime if self.max_runtime is not None else self.expected_runtime
+
+    @property
     def nominated(self) -> bool:
         """Tried before anyone else: it preempted victims, or it was moved."""
         return bool(self.preempting) or self.moved
@@ -157,8 +163,9 @@ class PendingJob:
         world only fills up during a cycle. A string, so that its hash is computed once
         (a cycle looks it up for every job it passes)."""
         if self._asks is None:
-            bound = self.max_runtime if self.max_runtime is not None else self.expected_runtime
-            self._asks = repr((self.queue, self.priority_class, self.shape(), self.pools, bound))
+            self._asks = repr(
+                (self.queue, self.priority_class, self.shape(), self.pools, self.runtime_bound)
+            )
         return self._asks
 
     def total(self) -> dict[str, int]:

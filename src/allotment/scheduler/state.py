@@ -27,6 +27,11 @@ FOREIGN = "foreign"
 _LOWEST = PriorityClass(name="unknown", value=-1_000_000)
 
 
+MAX_REMEMBERED = 65_536
+"""Entries a session keeps in each of its memories across cycles (failed victim searches,
+verdicts per pool, whether a request borrows), at most."""
+
+
 @dataclass(slots=True, kw_only=True)
 class Holder:
     """A job holding resources during the cycle: running before it, or admitted in it."""

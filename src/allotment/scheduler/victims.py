@@ -37,11 +37,12 @@ class VictimRule(Protocol):
         fit ``total`` (it stays within its nominal quota)."""
         ...
 
-    def may_move(self, state: CycleState, leaf: Queue, pool: str) -> bool:
+    def may_move(self, state: CycleState, leaf: Queue, pool: str, lending: bool = False) -> bool:
         """Whether a job of ``leaf`` that may reclaim in ``pool`` (:meth:`may_reclaim`)
         but that no victim set fits may also restart other jobs on other nodes of
         ``pool`` to make room (:mod:`allotment.scheduler.moves`): other queues hold part
-        of ``leaf``'s guarantee there."""
+        of ``leaf``'s guarantee there, or (``lending``) another queue's job is about to
+        take part of it (:mod:`allotment.scheduler.borrower_turn`)."""
         ...
 
     def candidates(
@@ -183,11 +184,11 @@ class _Victims:
     ) -> bool:
         return self.OTHERS and state.quota.within_nominal(leaf.name, pool, total)
 
-    def may_move(self, state: CycleState, leaf: Queue, pool: str) -> bool:
+    def may_move(self, state: CycleState, leaf: Queue, pool: str, lending: bool = False) -> bool:
         return (
             self.MOVES
             and leaf.spec.preemption.reclaim != "never"
-            and state.quota.lent_out(leaf.name, pool)
+            and (lending or state.quota.lent_out(leaf.name, pool))
         )
 
     def candidates(
