@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import Engine, event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from allotment.domain.errors import AlreadyEnded, IllegalTransition, NotFound
@@ -16,6 +16,7 @@ from allotment.store.jobs import (
     events_for,
     get_job,
     jobs_by_id,
+    jobs_in_groups,
     list_jobs,
     record_reason,
     record_reasons,
@@ -204,6 +205,49 @@ def test_list_filters_in_the_query_and_pages(sessions: sessionmaker[Session]) ->
         assert ids(limit=2, after="j-5") == []
         with pytest.raises(ValueError):
             ids(limit=0)
+
+
+def test_groups_of_states_are_read_at_once(engine: Engine, sessions: sessionmaker[Session]) -> None:
+    for i in range(5):
+        submit(sessions, f"j-{i}", at=T0 + i, queue="research" if i % 2 else "prod")
+    for name in ("j-0", "j-1", "j-2", "j-3"):
+        move(sessions, name, S.PENDING, T0 + 10)
+    move(sessions, "j-1", S.ADMITTED, T0 + 11)
+    move(sessions, "j-3", S.ADMITTED, T0 + 11)
+    waiting, active = [S.SUBMITTED, S.PENDING], [S.ADMITTED, S.STARTING, S.RUNNING]
+
+    def ids(groups: list[list[JobState]], **kw: Any) -> list[list[str]]:
+        with sessions() as session:
+            return [[j.id for j in group] for group in jobs_in_groups(session, groups, **kw)]
+
+    assert ids([active, waiting]) == [["j-1", "j-3"], ["j-0", "j-2", "j-4"]]
+    assert ids([active, waiting], limit=2) == [["j-1", "j-3"], ["j-0", "j-2"]]
+    assert ids([active, waiting], tenant="other") == [[], []]
+    assert ids([]) == []
+    with pytest.raises(ValueError):
+        ids([active], limit=0)
+
+    # j-2 is admitted (by another connection) right after the first statement that
+    # reads jobs: a query per group misses it, the one read finds it where it was.
+    def admit_once(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and not admitted:
+            admitted.append(True)
+            move(sessions, "j-2", S.ADMITTED, T0 + 20)
+
+    admitted: list[bool] = []
+    event.listen(engine, "after_cursor_execute", admit_once)
+    try:
+        with sessions() as session:
+            running = [j.id for j in list_jobs(session, states=active)]
+            queued = [j.id for j in list_jobs(session, states=waiting)]
+        assert "j-2" not in running + queued  # what the overview did
+        move(sessions, "j-2", S.PENDING, T0 + 30)
+        admitted.clear()
+        assert ids([active, waiting]) == [["j-1", "j-3"], ["j-0", "j-2", "j-4"]]
+        assert admitted  # it was admitted meanwhile
+    finally:
+        event.remove(engine, "after_cursor_execute", admit_once)
+    assert ids([active, waiting]) == [["j-1", "j-2", "j-3"], ["j-0", "j-4"]]
 
 
 def test_page_ties_on_submit_time_break_by_id(sessions: sessionmaker[Session]) -> None:

@@ -55,7 +55,7 @@ from allotment.domain.lifecycle import TERMINAL, JobState
 from allotment.domain.resources import GPU, MILLI
 from allotment.scheduler.lending import Loan
 from allotment.store.allocations import placements_from_json
-from allotment.store.jobs import list_jobs, recent_jobs
+from allotment.store.jobs import jobs_in_groups, recent_jobs
 from allotment.store.models import Alert, Attempt, DeviceUsage
 from allotment.store.usage import job_usage_rows
 from allotment.store.views import open_attempts
@@ -123,12 +123,11 @@ def _add_lent(rows: list[dict[str, Any]], loans: Sequence[Loan], cluster: Cluste
 def _overview(svc: JobService, who: Principal) -> dict[str, Any]:
     tenant = visible_tenant(who)
     with svc.sessions() as db:
-
-        def jobs(states: tuple[JobState, ...]) -> list[dict[str, Any]]:
-            rows = list_jobs(db, tenant=tenant, states=states, limit=SHOWN)
-            return [job_out(j).model_dump() for j in rows]
-
-        active, waiting = jobs(ACTIVE), jobs(WAITING)
+        # One read for both: a job admitted meanwhile is in one list, never in neither.
+        active, waiting = (
+            [job_out(j).model_dump() for j in rows]
+            for rows in jobs_in_groups(db, [ACTIVE, WAITING], tenant=tenant, limit=SHOWN)
+        )
         ended = recent_jobs(db, tenant=tenant, states=ENDED, limit=20)
         finished = [job_out(j).model_dump() for j in ended]
     queues = _tree(svc, tenant)

@@ -14,7 +14,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Table, and_, bindparam, insert, or_, select, update
+from sqlalchemy import (
+    Integer,
+    Table,
+    and_,
+    bindparam,
+    insert,
+    literal,
+    or_,
+    select,
+    union_all,
+    update,
+)
 from sqlalchemy.orm import Session, make_transient_to_detached
 from sqlalchemy.orm.util import identity_key
 
@@ -533,6 +544,42 @@ def list_jobs(
         )
     query = query.order_by(Job.submit_time, Job.id).limit(limit)
     return session.scalars(query).all()
+
+
+def jobs_in_groups(
+    session: Session,
+    groups: Sequence[Iterable[JobState]],
+    *,
+    limit: int = 100,
+    tenant: str | None = None,
+) -> list[list[Job]]:
+    """For each group of states, its first ``limit`` jobs in submission order (only
+    ``tenant``'s when given), all read in one statement: a job that changes from one
+    group to another meanwhile is found in exactly one of them. (One query per group
+    would miss a job admitted between the waiting jobs' query and the running jobs'.)"""
+    if limit <= 0:
+        raise ValueError("limit must be positive")
+    parts = []
+    for index, states in enumerate(groups):
+        part = select(Job.id.label("id"), literal(index, Integer).label("grp")).where(
+            Job.state.in_([JobState(s).value for s in states])
+        )
+        if tenant is not None:
+            part = part.where(Job.tenant == tenant)
+        first = part.order_by(Job.submit_time, Job.id).limit(limit).subquery()
+        parts.append(select(first.c.id, first.c.grp))
+    out: list[list[Job]] = [[] for _ in groups]
+    if not parts:
+        return out
+    chosen = union_all(*parts).subquery()
+    query = (
+        select(Job, chosen.c.grp)
+        .join(chosen, Job.id == chosen.c.id)
+        .order_by(Job.submit_time, Job.id)
+    )
+    for job, group in session.execute(query).all():
+        out[group].append(job)
+    return out
 
 
 def events_for(session: Session, job_id: str) -> Sequence[Event]:
