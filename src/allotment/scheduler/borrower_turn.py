@@ -132,11 +132,12 @@ class BorrowerTurn:
         quota = state.quota
         out = []
         for name in list(stuck):
-            if name != queue and not quota.lent_out(name, pool):
-                if quota.lent_out(name, pool, total):
-                    out.append(stuck.pop(name))
-            elif name != queue:
-                del stuck[name]
+            if name == queue:
+                continue
+            if quota.lent_out(name, pool):
+                del stuck[name]  # lent out already: its own searches may move jobs
+            elif quota.lent_out(name, pool, total):
+                out.append(stuck.pop(name))
         return out
 
     def keep(self, pool: str, queue: str, job: str) -> None:

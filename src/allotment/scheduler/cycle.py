@@ -484,8 +484,7 @@ class _Cycle:
         return Outcome.CAPACITY, reason
 
     def _kept(self, queue: str, pool: str, total: dict[str, int]) -> Reason | None:
-        """Why a fitting ``total`` job of ``queue`` waits: a queue owed room in ``pool``
-        tried again first, moves allowed, and made room (see borrower_turn.py)."""
+        """Why a fitting ``total`` job of ``queue`` waits: an owner made room in ``pool``."""
         state, turns = self.state, self.turns
         for job, line, klass in turns.owners_first(state, queue, pool, total):
             claims = self.reservations.claims_for(state.now, job.runtime_bound)
