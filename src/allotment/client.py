@@ -193,8 +193,8 @@ class AllotmentClient:
         return queues
 
     def why(self, job_id: str) -> dict[str, Any]:
-        """Why the job waits: ``{job, state, reason, position, estimated_start, holders}``
-        (and ``placement`` while it holds an allocation)."""
+        """Why the job waits: ``{job, state, reason, position, estimated_start,
+        estimate_basis, holders}`` (and ``placement`` while it holds an allocation)."""
         body: dict[str, Any] = self._request("GET", f"/jobs/{job_id}/why")
         return body
 

@@ -7,6 +7,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -231,6 +232,21 @@ def test_viewers_arriving_together_wait_for_one_computation() -> None:
         thread.join(10)
     assert answers == [42] * 8 and calls == [1]
     assert views.get("q", ("moved",), lambda: 7) == 7  # a new mark: computed again
+
+
+def test_bounded_views_keep_the_names_asked_last_only() -> None:
+    views: SharedViews[str] = SharedViews(max_names=2)
+    calls: list[str] = []
+
+    def compute(name: str) -> str:
+        calls.append(name)
+        return name.upper()
+
+    for name in ("a", "b", "a", "c"):  # "a" again from memory, then "c" pushes out "b"
+        assert views.get(name, (), partial(compute, name)) == name.upper()
+    assert calls == ["a", "b", "c"]
+    assert views.get("a", (), partial(compute, "a")) == "A" and calls == ["a", "b", "c"]
+    assert views.get("b", (), partial(compute, "b")) == "B" and calls[-1] == "b"
 
 
 def test_the_overview_says_what_each_queue_lends(lent: tuple[Live, dict[str, str]]) -> None:

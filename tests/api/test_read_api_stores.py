@@ -3,6 +3,8 @@ reached; see ``tests/store/conftest.py``)."""
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlalchemy import Engine
@@ -32,3 +34,43 @@ def test_why_usage_and_apply(engine: Engine, tmp_path: Path) -> None:  # noqa: F
         assert api.apply_cluster(text)["version"] == 1
         assert api.apply_cluster(text + "\n")["version"] == 2
         assert api.cluster()["text"] == text + "\n"
+
+
+def test_why_guesses_a_start_from_jobs_that_finished_when_none_is_declared(
+    engine: Engine,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    with live_stack(tmp_path, engine) as live, AllotmentClient(live.url, timeout=20) as api:
+        # Nothing has finished: behind a job without a runtime there is no estimate.
+        holder = api.submit(job_text(SLEEP, gpus=2))["id"]
+        live.until(holder, {S.RUNNING})
+        waiting = api.submit(job_text(SLEEP))["id"]
+        live.step()
+        why = api.why(waiting)
+        assert why["estimated_start"] is None and why["estimate_basis"] is None
+        api.cancel(waiting)
+        api.cancel(holder)
+        live.until(holder, {S.CANCELLED})
+        # Ten short jobs finish: enough history to guess how long jobs here run.
+        done = [api.submit(job_text("pass"))["id"] for _ in range(10)]
+        for job_id in done:
+            assert live.until(job_id, {S.SUCCEEDED, S.FAILED}) is S.SUCCEEDED
+        holder = api.submit(job_text(SLEEP, gpus=2))["id"]
+        live.until(holder, {S.RUNNING})
+        waiting = api.submit(job_text(SLEEP))["id"]
+        live.step()
+        asked = time.time()
+        why = api.why(waiting)
+        assert why["state"] == "pending" and why["estimate_basis"] == "history"
+        start = datetime.strptime(why["estimated_start"], "%Y-%m-%dT%H:%M:%SZ")
+        assert start.replace(tzinfo=UTC).timestamp() >= asked - 1
+        # A declared runtime ahead is taken as it is.
+        api.cancel(waiting)
+        api.cancel(holder)
+        live.until(holder, {S.CANCELLED})
+        holder = api.submit(job_text(SLEEP, gpus=2, expected_runtime="30m"))["id"]
+        live.until(holder, {S.RUNNING})
+        waiting = api.submit(job_text(SLEEP))["id"]
+        live.step()
+        why = api.why(waiting)
+        assert why["estimate_basis"] == "declared" and why["estimated_start"]

@@ -1,5 +1,6 @@
 """`allot why` never promises a start it cannot give: a job that can never fit the
-cluster as it is says so, instead of blaming another job's runtime."""
+cluster as it is says so, instead of blaming another job's runtime, and a start guessed
+from history says it is a guess."""
 
 from __future__ import annotations
 
@@ -36,4 +37,19 @@ def test_a_job_that_can_never_fit_has_no_start_to_wait_for() -> None:
 
 def test_a_job_behind_one_without_a_runtime_says_so() -> None:
     text = shown(why({"code": "no_node_fits", "message": "busy", "detail": {}}))
-    assert "estimated start: unknown (a job it waits for has no runtime)" in text
+    assert (
+        "estimated start: unknown (a job it waits for has no runtime, and too few like it "
+        "have finished here to guess one)"
+    ) in text
+
+
+def test_a_start_guessed_from_history_says_so_and_a_declared_one_stands_alone() -> None:
+    data = why({"code": "no_node_fits", "message": "busy", "detail": {}})
+    data.update(estimated_start="2026-12-01T10:20:00Z", estimate_basis="history")
+    text = shown(data)
+    assert (
+        "estimated start: 2026-12-01T10:20:00Z (guessed from the run times of jobs that "
+        "finished here)"
+    ) in text
+    data.update(estimate_basis="declared")
+    assert "estimated start: 2026-12-01T10:20:00Z\n" in shown(data)

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import FailureClass, JobState
 from allotment.store.configs import apply_cluster_config
-from allotment.store.history import config_versions, recorded_jobs
+from allotment.store.history import config_versions, finished_runs, recorded_jobs
 from allotment.store.jobs import cancel_job, create_job, requeue_job, transition_job
 from allotment.store.models import Attempt
 
@@ -134,3 +134,54 @@ def test_config_versions_applied_before_the_end(sessions: sessionmaker[Session])
     with sessions() as db:
         versions = config_versions(db, until=T0 + 100)
     assert [(v.version, v.applied_at) for v in versions] == [(1, T0), (2, T0 + 10)]
+
+
+def test_finished_runs_are_the_latest_successes_oldest_first_with_gpus_and_limits(
+    sessions: sessionmaker[Session],
+) -> None:
+    with sessions.begin() as db:
+        for i, (state, ran, extra) in enumerate(
+            [
+                ("succeeded", 100.0, {}),
+                ("failed", 7.0, {}),  # not a success: not learned from
+                ("succeeded", 200.0, {"max_runtime": "1h"}),
+                ("succeeded", 300.0, {"max_runtime": 90}),
+                ("running", None, {}),  # still running: no run time yet
+            ]
+        ):
+            job_id = f"j{i}"
+            create_job(
+                db,
+                spec(job_id, **extra),
+                tenant="vision",
+                user="ada",
+                at=T0,
+                job_id=job_id,
+                accepted="ok",
+                priority_class="normal",
+            )
+            start = T0 + 10 * i
+            db.add(
+                Attempt(
+                    job_id=job_id,
+                    number=1,
+                    state=state,
+                    start_time=start,
+                    end_time=None if ran is None else start + ran,
+                    pool="a100",
+                    allocation=[
+                        {"group": "w", "index": r, "node": f"n{r}", "resources": {"gpu": 1000}}
+                        for r in range(2)
+                    ],
+                    borrowed={},
+                )
+            )
+    with sessions() as db:
+        runs = finished_runs(db)
+        assert [(r.queue, r.gpus, r.seconds, r.limit) for r in runs] == [
+            ("research", 2000, 100.0, None),
+            ("research", 2000, 200.0, 3600.0),
+            ("research", 2000, 300.0, 90.0),
+        ]
+        # The latest by end: the two that ended last, still oldest first.
+        assert [r.seconds for r in finished_runs(db, limit=2)] == [200.0, 300.0]

@@ -2,7 +2,9 @@
 
 Computed from a snapshot of the store at the time of the request: one scheduling cycle
 gives the reason and the queue position, the forward simulation of
-:func:`~allotment.scheduler.eta.estimate_starts` the estimated start. The live loop may
+:func:`~allotment.scheduler.eta.estimate_starts` the estimated start where the declared
+runtimes of the work ahead tell it, else a forecast with run times learned from the
+jobs that finished here (``estimate_basis`` says which). The live loop may
 know a little more (nominations it keeps in memory); when the fresh cycle would admit
 the job at once, the reason the loop last stored is shown.
 """
@@ -10,25 +12,43 @@ the job at once, the reason the loop last stored is shown.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Literal
 
 from sqlalchemy.orm import Session as DbSession
 
 from allotment.api import schemas
+from allotment.api.queue_view import SharedViews
 from allotment.domain.cluster import Cluster
 from allotment.domain.lifecycle import ACTIVE, WAITING, JobState
 from allotment.domain.resources import GPU, MILLI
 from allotment.scheduler.cycle import schedule_once
 from allotment.scheduler.decisions import Decisions
 from allotment.scheduler.eta import estimate_starts
+from allotment.scheduler.forecast import RuntimeHistory, forecast_start
 from allotment.scheduler.ordering import UNKNOWN_VALUE
+from allotment.scheduler.session import Session
 from allotment.scheduler.snapshot import PendingJob, RunningJob, SchedulerPolicy, Snapshot
 from allotment.store.allocations import placements_from_json
+from allotment.store.history import FINISHED_RUNS, finished_runs
 from allotment.store.jobs import events_for, get_job, jobs_by_id
 from allotment.store.layout import replica_name
 from allotment.store.models import Attempt, Job
 from allotment.store.views import snapshot_from_store
 
 MAX_HOLDERS = 50
+Basis = Literal["declared", "history"]
+"""What an estimated start rests on (:func:`_estimate`)."""
+GUESS_WORK = 200_000
+"""The most a start guessed from history may cost: cycles played forward times the jobs
+waiting (each cycle looks at the lines of them all); about a second on the development
+machine (README, "Estimated starts"). Where that leaves fewer than
+:data:`GUESS_MIN_CYCLES`, or the job does not start within the cycles it leaves, there
+is no guess."""
+GUESS_MIN_CYCLES = 20
+GUESS_TTL_S = 30.0
+"""How long a job's guessed start is kept before it is guessed again (pages poll)."""
+GUESSES_KEPT = 1024
+"""How many jobs' guessed starts are kept (those asked last)."""
 HIDDEN = "(another tenant)"
 HOLDING = frozenset({JobState.ADMITTED, JobState.STARTING, JobState.RUNNING})
 
@@ -61,9 +81,11 @@ def why(
     now: float,
     policy: SchedulerPolicy | None = None,
     tenant: str | None = None,
+    guesses: SharedViews[str | None] | None = None,
 ) -> schemas.WhyOut:
     """Explain ``job_id``; raises ``NotFound``. With ``tenant``, holders of other
-    tenants are shown as :data:`HIDDEN` (job and queue)."""
+    tenants are shown as :data:`HIDDEN` (job and queue); ``guesses`` keeps start guesses
+    from history between calls (:data:`GUESS_TTL_S`)."""
     job = get_job(db, job_id)
     state = JobState(job.state)
     if state is not JobState.PENDING:
@@ -88,19 +110,54 @@ def why(
             estimated_start=None,
             holders=[],
         )
-    estimate = estimate_starts(snapshot).get(job.id)
+    reason = _reason(job, decisions)
+    permanent = reason is not None and bool(reason.detail.get("permanent"))
+    start, basis = (None, None) if permanent else _estimate(db, snapshot, job.id, now, guesses)
     pools = _acceptable_pools(cluster, target)
     return schemas.WhyOut(
         job=job.id,
         state=state.value,
-        reason=_reason(job, decisions),
+        reason=reason,
         position=schemas.Position(
             queue=decisions.position(job.id, target.queue),
             pool=_pool_position(snapshot, target, pools[0]) if pools else None,
         ),
-        estimated_start=iso_utc(estimate),
+        estimated_start=start,
+        estimate_basis=basis,
         holders=_holders(snapshot, set(pools), cluster, tenant),
     )
+
+
+def _estimate(
+    db: DbSession,
+    snapshot: Snapshot,
+    job_id: str,
+    now: float,
+    guesses: SharedViews[str | None] | None,
+) -> tuple[str | None, Basis | None]:
+    """When the pending job will start (ISO UTC), and on what that rests: ``declared``
+    when the declared runtimes (and limits) of the work ahead tell
+    (:func:`~allotment.scheduler.eta.estimate_starts`); else ``history``, a forecast
+    with run times guessed from the jobs that finished here
+    (:func:`~allotment.scheduler.forecast.forecast_start`) within :data:`GUESS_WORK`,
+    kept in ``guesses`` for a while; (None, None) when neither can tell (no history
+    yet, too deep a backlog, or too far ahead)."""
+    declared = iso_utc(estimate_starts(snapshot).get(job_id))
+    if declared is not None:
+        return declared, "declared"
+    cycles = GUESS_WORK // max(1, len(snapshot.pending))
+    if cycles < GUESS_MIN_CYCLES:
+        return None, None
+
+    def guess() -> str | None:
+        history = RuntimeHistory(window=FINISHED_RUNS)
+        for run in finished_runs(db):
+            history.record(run.queue, run.gpus, run.seconds, limit=run.limit)
+        session = Session.from_snapshot(snapshot)
+        return iso_utc(forecast_start(session, job_id, history, now=now, max_steps=cycles))
+
+    guessed = guess() if guesses is None else guesses.get(job_id, (), guess)
+    return (guessed, "history") if guessed is not None else (None, None)
 
 
 def _ending(db: DbSession, job: Job) -> schemas.WhyReason | None:

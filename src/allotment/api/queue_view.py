@@ -51,12 +51,18 @@ T = TypeVar("T")
 
 
 class SharedViews(Generic[T]):
-    """One answer per name, shared by every thread asking for it; thread-safe."""
+    """One answer per name, shared by every thread asking for it; thread-safe. With
+    ``max_names``, only the answers for that many names are kept, those asked last."""
 
     def __init__(
-        self, *, ttl_s: float = VIEW_TTL_S, clock: Callable[[], float] = time.monotonic
+        self,
+        *,
+        ttl_s: float = VIEW_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+        max_names: int | None = None,
     ) -> None:
         self.ttl_s = ttl_s
+        self.max_names = max_names
         self._clock = clock
         self._lock = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
@@ -71,13 +77,20 @@ class SharedViews(Generic[T]):
             lock = self._locks.setdefault(name, threading.Lock())
         with lock:
             with self._lock:
-                held = self._held.get(name)
+                held = self._held.pop(name, None)
+                if held is not None:
+                    self._held[name] = held  # to the end: the latest asked
             if held is not None and held[0] == mark and self._clock() - held[1] < self.ttl_s:
                 return held[2]
             at = self._clock()
             value = compute()
             with self._lock:
+                self._held.pop(name, None)
                 self._held[name] = (mark, at, value)
+                while self.max_names is not None and len(self._held) > self.max_names:
+                    oldest = next(iter(self._held))
+                    del self._held[oldest]
+                    self._locks.pop(oldest, None)
             return value
 
 

@@ -171,6 +171,9 @@ class WhyOut(Output):
     estimated_start: str | None
     holders: list[Holder]
     placement: Placement | None = None
+    estimate_basis: Literal["declared", "history"] | None = None
+    """What ``estimated_start`` rests on: ``declared`` runtimes and limits of the work
+    ahead, or run times guessed from the ``history`` of jobs that finished here."""
 
 
 # ---------------------------------------------------------------- logs

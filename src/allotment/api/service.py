@@ -160,6 +160,10 @@ class JobService:
         self.lines: SharedViews[queue_view.Line] = SharedViews()
         self.loans: SharedViews[tuple[Loan, ...]] = SharedViews()
         """Queues' lines and loans, shared by the dashboard's viewers."""
+        self.guesses: SharedViews[str | None] = SharedViews(
+            ttl_s=explain.GUESS_TTL_S, max_names=explain.GUESSES_KEPT
+        )
+        """Jobs' starts guessed from history (``allot why``, a job's page polling it)."""
 
     def submit(
         self,
@@ -455,7 +459,13 @@ class JobService:
         cluster = self.cluster
         with self.sessions() as session:
             return explain.why(
-                session, cluster, job_id, now=self.clock(), policy=self.policy, tenant=tenant
+                session,
+                cluster,
+                job_id,
+                now=self.clock(),
+                policy=self.policy,
+                tenant=tenant,
+                guesses=self.guesses,
             )
 
     def logs(

@@ -186,11 +186,16 @@ def why_view(data: Mapping[str, Any]) -> RenderableType:
         if parts:
             lines.append(Text.assemble(("position: ", "bold"), ", ".join(parts)))
     if data["state"] == "pending":
-        start = data.get("estimated_start") or (
-            "none: it cannot run on this cluster as it is"
-            if reason and (reason.get("detail") or {}).get("permanent")
-            else "unknown (a job it waits for has no runtime)"
-        )
+        start = data.get("estimated_start")
+        if start and data.get("estimate_basis") == "history":
+            start += " (guessed from the run times of jobs that finished here)"
+        elif not start:
+            start = (
+                "none: it cannot run on this cluster as it is"
+                if reason and (reason.get("detail") or {}).get("permanent")
+                else "unknown (a job it waits for has no runtime, and too few like it "
+                "have finished here to guess one)"
+            )
         lines.append(Text.assemble(("estimated start: ", "bold"), start))
     placement = data.get("placement")
     if placement:

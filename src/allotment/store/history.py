@@ -1,6 +1,7 @@
-"""Reading recorded history for what-if replays and trace export.
+"""Reading recorded history for what-if replays and trace export, and the run times
+start forecasts learn from.
 
-Three set-based reads, whatever the number of jobs: the jobs, their state moves (only
+Set-based reads, whatever the number of jobs: the jobs, their state moves (only
 admissions and endings) and their attempts. Functions take a ``Session`` and never write.
 """
 
@@ -13,6 +14,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
+from allotment.domain.durations import parse_duration
 from allotment.domain.history import ConfigVersion, RecordedJob, RecordedRun
 from allotment.domain.lifecycle import TERMINAL, JobState
 from allotment.domain.resources import GPU
@@ -166,3 +168,58 @@ def config_versions(session: Session, *, until: float) -> list[ConfigVersion]:
         .order_by(ClusterConfig.version)
     ).all()
     return [ConfigVersion(version, at, text) for version, at, text in rows]
+
+
+FINISHED_RUNS = 10_000
+"""How many of the latest successful runs :func:`finished_runs` reads by default."""
+
+
+class FinishedRun(NamedTuple):
+    """A run that ended in success: its job's queue, the milli-GPUs it held, how long it
+    ran, and the job's declared limit (``max_runtime``, seconds) if it had one."""
+
+    queue: str
+    gpus: int
+    seconds: float
+    limit: float | None
+
+
+def finished_runs(session: Session, *, limit: int = FINISHED_RUNS) -> list[FinishedRun]:
+    """The ``limit`` latest runs that ended in success, the oldest first: what start
+    forecasts learn run times from. One read, whatever the number of jobs."""
+    rows = session.execute(
+        select(
+            Job.queue,
+            Job.spec["max_runtime"],
+            Attempt.start_time,
+            Attempt.end_time,
+            Attempt.allocation,
+        )
+        .join(Job, Job.id == Attempt.job_id)
+        .where(
+            Attempt.state == _S.SUCCEEDED.value,
+            Attempt.start_time.is_not(None),
+            Attempt.end_time.is_not(None),
+        )
+        .order_by(Attempt.end_time.desc())
+        .limit(limit)
+    ).all()
+    return [
+        FinishedRun(queue, _gpus(allocation), max(0.0, end - start), _limit(declared))
+        for queue, declared, start, end, allocation in reversed(rows)
+    ]
+
+
+def _gpus(allocation: Any) -> int:
+    """The milli-GPUs a stored allocation holds, over its replicas."""
+    return sum(int(item.get("resources", {}).get(GPU, 0)) for item in allocation or ())
+
+
+def _limit(declared: Any) -> float | None:
+    """A stored spec's ``max_runtime`` in seconds (None when it has none)."""
+    if declared is None:
+        return None
+    try:
+        return parse_duration(declared)
+    except ValueError:
+        return None
