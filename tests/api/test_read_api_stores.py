@@ -7,6 +7,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 from sqlalchemy import Engine
 
 from allotment.client import AllotmentClient
@@ -64,6 +65,12 @@ def test_why_guesses_a_start_from_jobs_that_finished_when_none_is_declared(
         assert why["state"] == "pending" and why["estimate_basis"] == "history"
         start = datetime.strptime(why["estimated_start"], "%Y-%m-%dT%H:%M:%SZ")
         assert start.replace(tzinfo=UTC).timestamp() >= asked - 1
+        # The queue's line and the job's page show the guess, marked as one.
+        line = httpx.get(f"{live.url}/ui/queues/default", timeout=20).text
+        [row] = [row for row in line.split("<tr>") if waiting in row]
+        assert "(guessed)" in row and "unknown" not in row
+        job_page = httpx.get(f"{live.url}/ui/jobs/{waiting}", timeout=20).text
+        assert "(guessed from the run times of jobs that finished here)" in job_page
         # A declared runtime ahead is taken as it is.
         api.cancel(waiting)
         api.cancel(holder)
@@ -74,3 +81,6 @@ def test_why_guesses_a_start_from_jobs_that_finished_when_none_is_declared(
         live.step()
         why = api.why(waiting)
         assert why["estimate_basis"] == "declared" and why["estimated_start"]
+        line = httpx.get(f"{live.url}/ui/queues/default", timeout=20).text
+        [row] = [row for row in line.split("<tr>") if waiting in row]
+        assert why["estimated_start"] in row and "(guessed)" not in row

@@ -6,7 +6,13 @@ from dataclasses import replace
 
 import pytest
 
-from allotment.scheduler.forecast import MIN_SAMPLES, TRIM, RuntimeHistory, forecast_start
+from allotment.scheduler.forecast import (
+    MIN_SAMPLES,
+    TRIM,
+    RuntimeHistory,
+    forecast_start,
+    forecast_starts,
+)
 from allotment.scheduler.session import Session
 from tests.scheduler.builders import NOW, ClusterBuilder, job, running
 
@@ -99,6 +105,13 @@ def test_forecast_plays_the_session_forward_without_changing_it() -> None:
     assert forecast_start(session, "next", history, now=NOW) == NOW + 70
     assert forecast_start(session, "after", history, now=NOW) == NOW + 170
     assert forecast_start(session, "absent", history, now=NOW) is None
+    assert session.snapshot(NOW) == before
+    # One play forward for every waiting job gives each the same start.
+    starts = forecast_starts(session, history, now=NOW)
+    assert starts == {"next": NOW + 70, "after": NOW + 170}
+    # Within a bound on the cycles played: those that start within it.
+    assert forecast_starts(session, history, now=NOW, max_steps=2) == {"next": NOW + 70}
+    assert forecast_start(session, "after", history, now=NOW, max_steps=2) is None
     assert session.snapshot(NOW) == before
 
 

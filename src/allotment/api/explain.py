@@ -11,6 +11,7 @@ the job at once, the reason the loop last stored is shown.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -24,7 +25,7 @@ from allotment.domain.resources import GPU, MILLI
 from allotment.scheduler.cycle import schedule_once
 from allotment.scheduler.decisions import Decisions
 from allotment.scheduler.eta import estimate_starts
-from allotment.scheduler.forecast import RuntimeHistory, forecast_start
+from allotment.scheduler.forecast import RuntimeHistory, forecast_start, forecast_starts
 from allotment.scheduler.ordering import UNKNOWN_VALUE
 from allotment.scheduler.session import Session
 from allotment.scheduler.snapshot import PendingJob, RunningJob, SchedulerPolicy, Snapshot
@@ -145,19 +146,43 @@ def _estimate(
     declared = iso_utc(estimate_starts(snapshot).get(job_id))
     if declared is not None:
         return declared, "declared"
-    cycles = GUESS_WORK // max(1, len(snapshot.pending))
-    if cycles < GUESS_MIN_CYCLES:
+    cycles = _guess_cycles(snapshot)
+    if not cycles:
         return None, None
 
     def guess() -> str | None:
-        history = RuntimeHistory(window=FINISHED_RUNS)
-        for run in finished_runs(db):
-            history.record(run.queue, run.gpus, run.seconds, limit=run.limit)
         session = Session.from_snapshot(snapshot)
+        history = _history(db)
         return iso_utc(forecast_start(session, job_id, history, now=now, max_steps=cycles))
 
     guessed = guess() if guesses is None else guesses.get(job_id, (), guess)
     return (guessed, "history") if guessed is not None else (None, None)
+
+
+def _guess_cycles(snapshot: Snapshot) -> int:
+    """How many cycles a guess may play forward within :data:`GUESS_WORK`; 0 when
+    fewer than :data:`GUESS_MIN_CYCLES` (no guess)."""
+    cycles = GUESS_WORK // max(1, len(snapshot.pending))
+    return cycles if cycles >= GUESS_MIN_CYCLES else 0
+
+
+def _history(db: DbSession) -> RuntimeHistory:
+    """Run times of the runs that succeeded here (:func:`finished_runs`)."""
+    history = RuntimeHistory(window=FINISHED_RUNS)
+    for run in finished_runs(db):
+        history.record(run.queue, run.gpus, run.seconds, limit=run.limit)
+    return history
+
+
+def guessed_starts(db: DbSession, snapshot: Snapshot) -> dict[str, str]:
+    """Every waiting job's start guessed from history within :data:`GUESS_WORK` (ISO
+    UTC; those that start within it), in one play forward (a queue's line)."""
+    cycles = _guess_cycles(snapshot)
+    if not cycles:
+        return {}
+    session = Session.from_snapshot(snapshot)
+    starts = forecast_starts(session, _history(db), now=snapshot.now, max_steps=cycles)
+    return {job: at for job, start in starts.items() if (at := iso_utc(start)) is not None}
 
 
 def _ending(db: DbSession, job: Job) -> schemas.WhyReason | None:
@@ -271,10 +296,13 @@ def queue_line(
     *,
     now: float,
     policy: SchedulerPolicy | None = None,
+    guesses: Callable[[Snapshot], Mapping[str, str]] | None = None,
 ) -> list[dict[str, object]]:
     """Queue ``queue``'s waiting jobs in the order it would admit them, each with
-    ``job``, ``reason`` (code and message), ``position`` and ``estimated_start``: what
-    ``why`` says of each, from one snapshot, one cycle and one estimate for all."""
+    ``job``, ``reason`` (code and message), ``position``, ``estimated_start`` and
+    ``estimate_basis``: what ``why`` says of each, from one snapshot, one cycle and one
+    estimate for all; where the declared runtimes do not tell, the start ``guesses``
+    gives from that snapshot (e.g. :func:`guessed_starts`, kept a while), if any."""
     snapshot = snapshot_from_store(db, cluster, now=now, policy=policy)
     decisions = schedule_once(snapshot)
     estimates = estimate_starts(snapshot)
@@ -282,12 +310,18 @@ def queue_line(
     mine = {p.id for p in snapshot.pending if p.queue == queue}
     ids = [j for j in order if j in mine] + sorted(mine - set(order))
     jobs = {job.id: job for job in jobs_by_id(db, ids)}
+    declared = {job_id: iso_utc(estimates.get(job_id)) for job_id in ids}
+    guessed: Mapping[str, str] = {}
+    if guesses is not None and not all(declared.values()):
+        guessed = guesses(snapshot)
     line: list[dict[str, object]] = []
     for position, job_id in enumerate(ids, start=1):
         job = jobs.get(job_id)
         if job is None:
             continue
         reason = _reason(job, decisions)
+        permanent = reason is not None and bool(reason.detail.get("permanent"))
+        start = declared[job_id] or (None if permanent else guessed.get(job_id))
         line.append(
             {
                 "job": job_id,
@@ -295,7 +329,10 @@ def queue_line(
                 "user": job.user,
                 "reason": reason.model_dump() if reason is not None else None,
                 "position": position if job_id in order else None,
-                "estimated_start": iso_utc(estimates.get(job_id)),
+                "estimated_start": start,
+                "estimate_basis": (
+                    None if start is None else "declared" if declared[job_id] else "history"
+                ),
             }
         )
     return line

@@ -38,7 +38,7 @@ from allotment.domain.scopes import check_mounts
 from allotment.domain.tenancy import DEFAULT_TENANT
 from allotment.scheduler.fleet import FleetFit
 from allotment.scheduler.lending import Loan
-from allotment.scheduler.snapshot import ReplicaRequest, SchedulerPolicy
+from allotment.scheduler.snapshot import ReplicaRequest, SchedulerPolicy, Snapshot
 from allotment.store import configs as config_store
 from allotment.store import idempotency
 from allotment.store import jobs as job_store
@@ -164,6 +164,9 @@ class JobService:
             ttl_s=explain.GUESS_TTL_S, max_names=explain.GUESSES_KEPT
         )
         """Jobs' starts guessed from history (``allot why``, a job's page polling it)."""
+        self.line_guesses: SharedViews[dict[str, str]] = SharedViews(ttl_s=explain.GUESS_TTL_S)
+        """Every waiting job's start guessed from history in one play forward, for the
+        queues' lines (made again at most every :data:`~allotment.api.explain.GUESS_TTL_S`)."""
 
     def submit(
         self,
@@ -421,8 +424,14 @@ class JobService:
 
         def fresh() -> queue_view.Line:
             with self.sessions() as session:
+
+                def guesses(snapshot: Snapshot) -> dict[str, str]:
+                    return self.line_guesses.get(
+                        "", (), lambda: explain.guessed_starts(session, snapshot)
+                    )
+
                 return explain.queue_line(
-                    session, cluster, name, now=self.clock(), policy=self.policy
+                    session, cluster, name, now=self.clock(), policy=self.policy, guesses=guesses
                 )
 
         return self.lines.get(name, mark, fresh)

@@ -197,15 +197,34 @@ def forecast_start(
     """When the pending job ``job_id`` will likely start: ``now`` if it would start at
     once, None when it cannot be told (no history yet, past ``horizon`` or
     ``max_steps`` cycles). ``session`` is not changed."""
-    target = session.pending_job(job_id)
-    if target is None:
+    if session.pending_job(job_id) is None:
         return None
+    starts = forecast_starts(
+        session, history, now=now, horizon=horizon, max_steps=max_steps, until=job_id
+    )
+    return starts.get(job_id)
+
+
+def forecast_starts(
+    session: Session,
+    history: RuntimeHistory,
+    *,
+    now: float,
+    horizon: float = DEFAULT_HORIZON,
+    max_steps: int = DEFAULT_MAX_STEPS,
+    until: str | None = None,
+) -> dict[str, float]:
+    """When each pending job will likely start, for those that start within ``horizon``
+    and ``max_steps`` cycles and before a job whose run time cannot be guessed does (none
+    at all without history for the running jobs); with ``until``, the play stops once
+    that job starts. ``session`` is not changed."""
     fork = Session.from_snapshot(session.snapshot(now))
+    starts: dict[str, float] = {}
     ends: list[tuple[float, str]] = []
     for job in fork.running.values():
         left = _left(history, job, now, started=False)
         if left is None:
-            return None
+            return starts
         ends.append((now + left, job.id))
     heapq.heapify(ends)
     nominated: list[str] = []
@@ -225,12 +244,15 @@ def forecast_start(
                 fork.update(replace(waiting, preempting=tuple(v.job for v in preempt.victims)))
                 nominated.append(preempt.job)
         for admit in decisions.admitted:
-            if admit.job == job_id:
-                return clock
+            starts[admit.job] = clock
+            if admit.job == until:
+                return starts
             runtime = _left(history, fork.running[admit.job], clock, started=True)
             if runtime is None:
-                return None
+                return starts
             heapq.heappush(ends, (clock + runtime, admit.job))
+        if not fork.pending_count:
+            return starts
         if decisions.preemptions or decisions.stats.get("truncated"):
             continue
         later = ends[0][0] if ends else None
@@ -238,9 +260,9 @@ def forecast_start(
         if wake is not None and (later is None or wake < later):
             later = wake
         if later is None or later - now > horizon:
-            return None
+            return starts
         clock = max(clock, later)
         while ends and ends[0][0] <= clock:
             _, gone = heapq.heappop(ends)
             fork.gone(gone)
-    return None
+    return starts
