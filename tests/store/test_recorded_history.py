@@ -31,10 +31,10 @@ def spec(name: str, **extra: Any) -> JobSpec:
     )
 
 
-def submit(db: Session, job_id: str, at: float) -> None:
+def submit(db: Session, job_id: str, at: float, **extra: Any) -> None:
     create_job(
         db,
-        spec(job_id),
+        spec(job_id, **extra),
         tenant="vision",
         user="ada",
         at=at,
@@ -150,16 +150,7 @@ def test_finished_runs_are_the_latest_successes_oldest_first_with_gpus_and_limit
             ]
         ):
             job_id = f"j{i}"
-            create_job(
-                db,
-                spec(job_id, **extra),
-                tenant="vision",
-                user="ada",
-                at=T0,
-                job_id=job_id,
-                accepted="ok",
-                priority_class="normal",
-            )
+            submit(db, job_id, T0, **extra)
             start = T0 + 10 * i
             db.add(
                 Attempt(

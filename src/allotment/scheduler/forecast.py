@@ -3,7 +3,8 @@
 Most jobs do not say how long they will run, and the scheduler must not pretend to know.
 To tell a waiting job when it will start, :func:`forecast_start` copies the session and
 plays its cycles forward with *guessed* end times from a :class:`RuntimeHistory` of
-finished jobs, kind by kind (same queue and size, else same queue, else all):
+finished jobs, kind by kind (same queue and size, else same queue, else all);
+:func:`forecast_starts` does it once for every waiting job:
 
 - a running job will run for the mean of the residual lives of past jobs like it that
   ran at least as long as it has run so far, the longest :data:`TRIM` of them left out
