@@ -118,6 +118,8 @@ class Attempt(Base):
     borrowed: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     """The part of the allocation charged as borrowed quota, by resource."""
 
+    __table_args__ = (Index("ix_attempts_state_end", "state", "end_time"),)
+
 
 class Event(Base):
     """Something that happened, in order: a state transition, a reason change, a notice."""
