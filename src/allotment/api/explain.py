@@ -112,8 +112,7 @@ def why(
             holders=[],
         )
     reason = _reason(job, decisions)
-    permanent = reason is not None and bool(reason.detail.get("permanent"))
-    start, basis = (None, None) if permanent else _estimate(db, snapshot, job.id, now, guesses)
+    start, basis = (None, None) if _never(reason) else _estimate(db, snapshot, job.id, now, guesses)
     pools = _acceptable_pools(cluster, target)
     return schemas.WhyOut(
         job=job.id,
@@ -183,6 +182,11 @@ def guessed_starts(db: DbSession, snapshot: Snapshot) -> dict[str, str]:
     session = Session.from_snapshot(snapshot)
     starts = forecast_starts(session, _history(db), now=snapshot.now, max_steps=cycles)
     return {job: at for job, start in starts.items() if (at := iso_utc(start)) is not None}
+
+
+def _never(reason: schemas.WhyReason | None) -> bool:
+    """Whether the job can never run on the cluster as it is (no start to guess)."""
+    return reason is not None and bool(reason.detail.get("permanent"))
 
 
 def _ending(db: DbSession, job: Job) -> schemas.WhyReason | None:
@@ -320,8 +324,7 @@ def queue_line(
         if job is None:
             continue
         reason = _reason(job, decisions)
-        permanent = reason is not None and bool(reason.detail.get("permanent"))
-        start = declared[job_id] or (None if permanent else guessed.get(job_id))
+        start = declared[job_id] or (None if _never(reason) else guessed.get(job_id))
         line.append(
             {
                 "job": job_id,
