@@ -89,6 +89,53 @@ def test_jobs_with_a_limit_use_the_mean_share_of_it_that_jobs_like_them_used() -
     assert history.runtime("a", 1000) == 600
 
 
+def test_a_users_own_runs_answer_first_then_the_queues() -> None:
+    history = RuntimeHistory()
+    for _ in range(MIN_SAMPLES):
+        history.record("a", 1000, 3600, user="ada")
+        history.record("a", 1000, 60, user="bob")
+        history.record("a", 1000, 60, user="bob")
+    assert history.runtime("a", 1000, user="ada") == 3600
+    assert history.runtime("a", 1000, user="bob") == 60
+    assert history.remaining("a", 1000, 600, user="ada") == pytest.approx(3000)
+    # Someone who ran nothing here, or no user named: the queue's runs of that size.
+    assert history.runtime("a", 1000, user="cy") == 60
+    assert history.runtime("a", 1000) == 60
+    # Another size: the user's runs in the queue, of any size, before the queue's.
+    assert history.runtime("a", 8000, user="ada") == 3600
+    assert history.runtime("a", 8000, user="cy") == 60
+    # Too few of a user's runs: the queue answers.
+    for _ in range(MIN_SAMPLES - 1):
+        history.record("a", 1000, 7200, user="dee")
+    assert history.runtime("a", 1000, user="dee") == 60
+    # The shares of a declared limit, by user too.
+    for _ in range(MIN_SAMPLES):
+        history.record("a", 1000, 900, limit=1000, user="ada")
+        history.record("a", 1000, 100, limit=1000, user="bob")
+    assert history.runtime("a", 1000, limit=2000, user="ada") == pytest.approx(1800)
+    assert history.runtime("a", 1000, limit=2000, user="bob") == pytest.approx(200)
+
+
+def test_a_forecast_guesses_each_job_from_its_users_runs() -> None:
+    cluster = ClusterBuilder().pool("a100", nodes=1, gpu=8).leaf("a", quota={"a100": {"gpu": 8}})
+    session = Session(cluster.build())
+    session.started(running("r", "a", "a100-00", gpu=8, start=NOW - 30))
+    session.submit(job("next", "a", gpu=8))
+    session.submit(job("after", "a", gpu=8, submit=NOW))
+    history = RuntimeHistory()
+    for _ in range(MIN_SAMPLES):
+        history.record("a", 8000, 1000, user="ada")
+        history.record("a", 8000, 100, user="bob")
+        history.record("a", 8000, 100, user="bob")
+    owners = {"r": "ada", "next": "bob", "after": "ada"}
+    starts = forecast_starts(session, history, now=NOW, owners=owners)
+    # ada's running job ends when her runs do; bob's next one runs as long as his.
+    assert starts == {"next": NOW + 970, "after": NOW + 1070}
+    assert forecast_start(session, "after", history, now=NOW, owners=owners) == NOW + 1070
+    # Without users, the queue's runs (mostly bob's) answer for all.
+    assert forecast_starts(session, history, now=NOW)["next"] < NOW + 970
+
+
 def test_forecast_plays_the_session_forward_without_changing_it() -> None:
     cluster = ClusterBuilder().pool("a100", nodes=1, gpu=8).leaf("a", quota={"a100": {"gpu": 8}})
     session = Session(cluster.build())

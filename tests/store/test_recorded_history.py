@@ -1,15 +1,20 @@
 """Reading recorded history (``store/history.py``) on SQLite and PostgreSQL: every run of
 a job with how it ended, retries, preemptions with their stop, cancellations while
-waiting, runs still open at the window's end, and the window's edges."""
+waiting, runs still open at the window's end, and the window's edges; the successful runs
+start guesses learn from, and a guess that learns from the user's own runs first."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
+from allotment.api import explain
 from allotment.domain.job import JobSpec
 from allotment.domain.lifecycle import FailureClass, JobState
+from allotment.domain.loading import load_cluster_text
 from allotment.store.configs import apply_cluster_config
 from allotment.store.history import config_versions, finished_runs, recorded_jobs
 from allotment.store.jobs import cancel_job, create_job, requeue_job, transition_job
@@ -31,12 +36,12 @@ def spec(name: str, **extra: Any) -> JobSpec:
     )
 
 
-def submit(db: Session, job_id: str, at: float, **extra: Any) -> None:
+def submit(db: Session, job_id: str, at: float, *, user: str = "ada", **extra: Any) -> None:
     create_job(
         db,
         spec(job_id, **extra),
         tenant="vision",
-        user="ada",
+        user=user,
         at=at,
         job_id=job_id,
         accepted="ok",
@@ -150,7 +155,7 @@ def test_finished_runs_are_the_latest_successes_oldest_first_with_gpus_and_limit
             ]
         ):
             job_id = f"j{i}"
-            submit(db, job_id, T0, **extra)
+            submit(db, job_id, T0, user="ada" if i % 2 else "grace", **extra)
             start = T0 + 10 * i
             db.add(
                 Attempt(
@@ -169,10 +174,70 @@ def test_finished_runs_are_the_latest_successes_oldest_first_with_gpus_and_limit
             )
     with sessions() as db:
         runs = finished_runs(db)
-        assert [(r.queue, r.gpus, r.seconds, r.limit) for r in runs] == [
-            ("research", 2000, 100.0, None),
-            ("research", 2000, 200.0, 3600.0),
-            ("research", 2000, 300.0, 90.0),
+        assert [(r.queue, r.gpus, r.seconds, r.limit, r.user) for r in runs] == [
+            ("research", 2000, 100.0, None, "grace"),
+            ("research", 2000, 200.0, 3600.0, "grace"),
+            ("research", 2000, 300.0, 90.0, "ada"),
         ]
         # The latest by end: the two that ended last, still oldest first.
         assert [r.seconds for r in finished_runs(db, limit=2)] == [200.0, 300.0]
+
+
+ONE_NODE = """
+pools: [{name: a100}]
+nodes: [{name: n0, pool: a100, capacity: {gpu: 2, cpu: 16, memory: 64Gi}}]
+tenants: [{name: vision, members: [{user: ada, role: member}]}]
+queues:
+  - {name: root, children: [{name: research, tenant: vision, quota: {a100: {gpu: 2}}}]}
+"""
+
+
+def ran(db: Session, job_id: str, user: str, start: float, seconds: float | None) -> None:
+    """``user``'s job ``job_id`` on both GPUs of n0 from ``start``: succeeded after
+    ``seconds``, or still running (None)."""
+    submit(db, job_id, start, user=user)
+    transition_job(db, job_id, _S.ADMITTED, at=start, message="admitted")
+    transition_job(db, job_id, _S.STARTING, at=start, message="launched").attempt = 1
+    transition_job(db, job_id, _S.RUNNING, at=start, message="running")
+    db.add(
+        Attempt(
+            job_id=job_id,
+            number=1,
+            state="running" if seconds is None else "succeeded",
+            start_time=start,
+            end_time=None if seconds is None else start + seconds,
+            pool="a100",
+            allocation=[
+                {"group": "w", "index": r, "node": "n0", "resources": {"gpu": 1000}}
+                for r in range(2)
+            ],
+            borrowed={},
+        )
+    )
+    if seconds is not None:
+        end(db, job_id, _S.SUCCEEDED, at=start + seconds)
+
+
+@pytest.mark.parametrize(("holder", "at_least", "at_most"), [("ada", 2.5, 3.0), ("cy", 0.5, 1.0)])
+def test_a_guessed_start_learns_from_the_holders_own_runs_first(
+    sessions: sessionmaker[Session], holder: str, at_least: float, at_most: float
+) -> None:
+    """ada's runs here take three hours and bob's a minute: a job waiting behind ada's
+    is guessed to start about three hours on; behind cy's (who has run nothing here)
+    the queue's mix of both tells."""
+    cluster = load_cluster_text(ONE_NODE)
+    with sessions.begin() as db:
+        for i in range(10):
+            ran(db, f"ada{i}", "ada", T0 + 20_000 * i, 3 * 3600.0)
+        for i in range(30):
+            ran(db, f"bob{i}", "bob", T0 + 200_000 + 100 * i, 60.0)
+        now = T0 + 300_000
+        ran(db, "holding", holder, now - 30, None)
+        submit(db, "waiting", now, user="bob")
+    with sessions() as db:
+        why = explain.why(db, cluster, "waiting", now=now)
+    assert why.state == "pending" and why.estimate_basis == "history"
+    assert why.estimated_start is not None
+    start = datetime.strptime(why.estimated_start, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    hours = (start.timestamp() - now) / 3600
+    assert at_least <= hours <= at_most

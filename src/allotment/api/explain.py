@@ -99,7 +99,8 @@ def why(
             holders=[],
             placement=_placement(db, job) if state in HOLDING else None,
         )
-    snapshot = snapshot_from_store(db, cluster, now=now, policy=policy)
+    owners: dict[str, str] = {}
+    snapshot = snapshot_from_store(db, cluster, now=now, policy=policy, owners=owners)
     decisions = schedule_once(snapshot)
     target = next((p for p in snapshot.pending if p.id == job.id), None)
     if target is None:  # it still holds its last attempt's allocation
@@ -112,7 +113,9 @@ def why(
             holders=[],
         )
     reason = _reason(job, decisions)
-    start, basis = (None, None) if _never(reason) else _estimate(db, snapshot, job.id, now, guesses)
+    start, basis = (
+        (None, None) if _never(reason) else _estimate(db, snapshot, owners, job.id, guesses)
+    )
     pools = _acceptable_pools(cluster, target)
     return schemas.WhyOut(
         job=job.id,
@@ -131,17 +134,17 @@ def why(
 def _estimate(
     db: DbSession,
     snapshot: Snapshot,
+    owners: Mapping[str, str],
     job_id: str,
-    now: float,
     guesses: SharedViews[str | None] | None,
 ) -> tuple[str | None, Basis | None]:
     """When the pending job will start (ISO UTC), and on what that rests: ``declared``
     when the declared runtimes (and limits) of the work ahead tell
     (:func:`~allotment.scheduler.eta.estimate_starts`); else ``history``, a forecast
-    with run times guessed from the jobs that finished here
-    (:func:`~allotment.scheduler.forecast.forecast_start`) within :data:`GUESS_WORK`,
-    kept in ``guesses`` for a while; (None, None) when neither can tell (no history
-    yet, too deep a backlog, or too far ahead)."""
+    with run times guessed from the jobs that finished here, each job's user's first
+    (``owners``; :func:`~allotment.scheduler.forecast.forecast_start`) within
+    :data:`GUESS_WORK`, kept in ``guesses`` for a while; (None, None) when neither can
+    tell (no history yet, too deep a backlog, or too far ahead)."""
     declared = iso_utc(estimate_starts(snapshot).get(job_id))
     if declared is not None:
         return declared, "declared"
@@ -152,7 +155,10 @@ def _estimate(
     def guess() -> str | None:
         session = Session.from_snapshot(snapshot)
         history = _history(db)
-        return iso_utc(forecast_start(session, job_id, history, now=now, max_steps=cycles))
+        start = forecast_start(
+            session, job_id, history, now=snapshot.now, max_steps=cycles, owners=owners
+        )
+        return iso_utc(start)
 
     guessed = guess() if guesses is None else guesses.get(job_id, (), guess)
     return (guessed, "history") if guessed is not None else (None, None)
@@ -166,21 +172,24 @@ def _guess_cycles(snapshot: Snapshot) -> int:
 
 
 def _history(db: DbSession) -> RuntimeHistory:
-    """Run times of the runs that succeeded here (:func:`finished_runs`)."""
+    """Run times of the runs that succeeded here (:func:`finished_runs`), by user too."""
     history = RuntimeHistory(window=FINISHED_RUNS)
     for run in finished_runs(db):
-        history.record(run.queue, run.gpus, run.seconds, limit=run.limit)
+        history.record(run.queue, run.gpus, run.seconds, limit=run.limit, user=run.user)
     return history
 
 
-def guessed_starts(db: DbSession, snapshot: Snapshot) -> dict[str, str]:
-    """Every waiting job's start guessed from history within :data:`GUESS_WORK` (ISO
-    UTC; those that start within it), in one play forward (a queue's line)."""
+def guessed_starts(db: DbSession, snapshot: Snapshot, owners: Mapping[str, str]) -> dict[str, str]:
+    """Every waiting job's start guessed from history (each job's user's first:
+    ``owners``) within :data:`GUESS_WORK` (ISO UTC; those that start within it), in one
+    play forward (a queue's line)."""
     cycles = _guess_cycles(snapshot)
     if not cycles:
         return {}
     session = Session.from_snapshot(snapshot)
-    starts = forecast_starts(session, _history(db), now=snapshot.now, max_steps=cycles)
+    starts = forecast_starts(
+        session, _history(db), now=snapshot.now, max_steps=cycles, owners=owners
+    )
     return {job: at for job, start in starts.items() if (at := iso_utc(start)) is not None}
 
 
@@ -300,14 +309,16 @@ def queue_line(
     *,
     now: float,
     policy: SchedulerPolicy | None = None,
-    guesses: Callable[[Snapshot], Mapping[str, str]] | None = None,
+    guesses: Callable[[Snapshot, Mapping[str, str]], Mapping[str, str]] | None = None,
 ) -> list[dict[str, object]]:
     """Queue ``queue``'s waiting jobs in the order it would admit them, each with
     ``job``, ``reason`` (code and message), ``position``, ``estimated_start`` and
     ``estimate_basis``: what ``why`` says of each, from one snapshot, one cycle and one
     estimate for all; where the declared runtimes do not tell, the start ``guesses``
-    gives from that snapshot (e.g. :func:`guessed_starts`, kept a while), if any."""
-    snapshot = snapshot_from_store(db, cluster, now=now, policy=policy)
+    gives from that snapshot and its jobs' users (e.g. :func:`guessed_starts`, kept a
+    while), if any."""
+    owners: dict[str, str] = {}
+    snapshot = snapshot_from_store(db, cluster, now=now, policy=policy, owners=owners)
     decisions = schedule_once(snapshot)
     estimates = estimate_starts(snapshot)
     order = decisions.queue_order.get(queue, [])
@@ -317,7 +328,7 @@ def queue_line(
     declared = {job_id: iso_utc(estimates.get(job_id)) for job_id in ids}
     guessed: Mapping[str, str] = {}
     if guesses is not None and not all(declared.values()):
-        guessed = guesses(snapshot)
+        guessed = guesses(snapshot, owners)
     line: list[dict[str, object]] = []
     for position, job_id in enumerate(ids, start=1):
         job = jobs.get(job_id)

@@ -14,7 +14,7 @@ import math
 import secrets
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from sqlalchemy.exc import IntegrityError
@@ -425,9 +425,9 @@ class JobService:
         def fresh() -> queue_view.Line:
             with self.sessions() as session:
 
-                def guesses(snapshot: Snapshot) -> dict[str, str]:
+                def guesses(snapshot: Snapshot, owners: Mapping[str, str]) -> dict[str, str]:
                     return self.line_guesses.get(
-                        "", (), lambda: explain.guessed_starts(session, snapshot)
+                        "", (), lambda: explain.guessed_starts(session, snapshot, owners)
                     )
 
                 return explain.queue_line(

@@ -3,7 +3,9 @@
 Most jobs do not say how long they will run, and the scheduler must not pretend to know.
 To tell a waiting job when it will start, :func:`forecast_start` copies the session and
 plays its cycles forward with *guessed* end times from a :class:`RuntimeHistory` of
-finished jobs, kind by kind (same queue and size, else same queue, else all);
+finished jobs, kind by kind: the same user's jobs in the same queue and of the same size,
+else the same user's in the same queue, else the queue's of the same size, else the
+queue's, else all (a user is known where the caller names each job's, ``owners``);
 :func:`forecast_starts` does it once for every waiting job:
 
 - a running job will run for the mean of the residual lives of past jobs like it that
@@ -34,7 +36,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_right, insort
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import replace
 from itertools import accumulate
 
@@ -91,22 +93,35 @@ class _Window:
 
 
 class RuntimeHistory:
-    """Run times of finished jobs, by queue and GPUs, then by queue, then overall (the
-    last ``window`` of each kind); for jobs that declared a limit, also the share of it
-    they used, by the same kinds.
+    """Run times of finished jobs, by user, queue and GPUs, by user and queue, by queue
+    and GPUs, by queue, and overall (the last ``window`` of each kind); for jobs that
+    declared a limit, also the share of it they used, by the same kinds. A question is
+    answered from the first kind, in that order, with :data:`MIN_SAMPLES` finished jobs.
 
-    On the Philly window the last 100,000 beat the last 10,000 and 2,000 (more of the
-    rare long jobs)."""
+    A user comes first because people run the same work again and again: one user's
+    fine-tuning runs of an hour tell more about the next one than the queue's mix of
+    notebooks and week-long trainings (schedulers that guess durations from history,
+    such as Helios's QSSF, start from the user's past jobs too). Without a user (Philly
+    names none) the kinds start at the queue. On the Philly window the last 100,000
+    beat the last 10,000 and 2,000 (more of the rare long jobs)."""
 
     def __init__(self, *, window: int = 100_000) -> None:
         self.window = window
         self._kinds: dict[Hashable, _Window] = {}
         self._shares: dict[Hashable, _Window] = {}
 
-    def record(self, queue: str, gpus: int, seconds: float, *, limit: float | None = None) -> None:
-        """A job of ``queue`` holding ``gpus`` milli-GPUs ran ``seconds`` in all, under a
-        declared ``limit`` (seconds) if it had one."""
-        for kind in ((queue, gpus), queue, None):
+    def record(
+        self,
+        queue: str,
+        gpus: int,
+        seconds: float,
+        *,
+        limit: float | None = None,
+        user: str | None = None,
+    ) -> None:
+        """A job of ``queue`` (and ``user``, if known) holding ``gpus`` milli-GPUs ran
+        ``seconds`` in all, under a declared ``limit`` (seconds) if it had one."""
+        for kind in _kinds(queue, gpus, user):
             self._window(self._kinds, kind).add(seconds)
             if limit is not None and limit > 0:
                 self._window(self._shares, kind).add(seconds / limit)
@@ -118,17 +133,23 @@ class RuntimeHistory:
         return found
 
     def remaining(
-        self, queue: str, gpus: int, elapsed: float, *, limit: float | None = None
+        self,
+        queue: str,
+        gpus: int,
+        elapsed: float,
+        *,
+        limit: float | None = None,
+        user: str | None = None,
     ) -> float | None:
         """How much longer a running job that has run ``elapsed`` seconds will likely
         run: the mean residual life of the jobs like it that ran longer, the longest
         :data:`TRIM` left out; as long again when it outlived them all; never past its
         ``limit``. None when nothing has finished yet."""
         if limit is not None:
-            share = self._share_beyond(queue, gpus, elapsed, limit)
+            share = self._share_beyond(queue, gpus, elapsed, limit, user)
             if share is not None:
                 return _within(share * limit - elapsed, elapsed, limit)
-        for kind in ((queue, gpus), queue, None):
+        for kind in _kinds(queue, gpus, user):
             found = self._kinds.get(kind)
             if found is None or len(found.sorted) < MIN_SAMPLES:
                 continue
@@ -137,15 +158,17 @@ class RuntimeHistory:
             return _within(left, elapsed, limit)
         return None
 
-    def runtime(self, queue: str, gpus: int, *, limit: float | None = None) -> float | None:
+    def runtime(
+        self, queue: str, gpus: int, *, limit: float | None = None, user: str | None = None
+    ) -> float | None:
         """How long a job not yet started will likely run: the median run time of jobs
         like it, or the mean share of its ``limit`` that jobs like it used, never more
         than the limit. None without history."""
         if limit is not None:
-            share = self._share_beyond(queue, gpus, 0.0, limit)
+            share = self._share_beyond(queue, gpus, 0.0, limit, user)
             if share is not None:
                 return _within(share * limit, 0.0, limit)
-        for kind in ((queue, gpus), queue, None):
+        for kind in _kinds(queue, gpus, user):
             found = self._kinds.get(kind)
             if found is None or len(found.sorted) < MIN_SAMPLES:
                 continue
@@ -153,17 +176,27 @@ class RuntimeHistory:
             return _within(1.0 if median is None else median, 0.0, limit)
         return None
 
-    def _share_beyond(self, queue: str, gpus: int, elapsed: float, limit: float) -> float | None:
+    def _share_beyond(
+        self, queue: str, gpus: int, elapsed: float, limit: float, user: str | None
+    ) -> float | None:
         """The mean share of their limits used by the jobs like this one that used more
         than it has (``elapsed`` of ``limit``); None without enough of them."""
         if limit <= 0:
             return None
-        for kind in ((queue, gpus), queue, None):
+        for kind in _kinds(queue, gpus, user):
             found = self._shares.get(kind)
             if found is None or len(found.sorted) < MIN_SAMPLES:
                 continue
             return found.mean_beyond(elapsed / limit)
         return None
+
+
+def _kinds(queue: str, gpus: int, user: str | None) -> tuple[Hashable, ...]:
+    """The kinds a job of ``queue``, ``gpus`` and ``user`` belongs to, the narrowest
+    first (a user's kinds are tagged, so that no user's name can pass for a size)."""
+    if user is None:
+        return ((queue, gpus), queue, None)
+    return (("user", queue, user, gpus), ("user", queue, user), (queue, gpus), queue, None)
 
 
 def _within(left: float, elapsed: float, limit: float | None) -> float:
@@ -173,17 +206,26 @@ def _within(left: float, elapsed: float, limit: float | None) -> float:
     return max(left, 1.0)
 
 
-def _left(history: RuntimeHistory, job: RunningJob, clock: float, *, started: bool) -> float | None:
+def _left(
+    history: RuntimeHistory,
+    job: RunningJob,
+    clock: float,
+    owners: Mapping[str, str],
+    *,
+    started: bool,
+) -> float | None:
     """How much longer ``job`` will run from ``clock``: until its declared expected end
-    when it has one, else as ``history`` guesses (``started``: it starts at ``clock``)."""
+    when it has one, else as ``history`` guesses for its user in ``owners`` (if named)
+    (``started``: it starts at ``clock``)."""
     if job.expected_end is not None:
         return max(job.expected_end - clock, 1.0)
     gpus = job.total().get("gpu", 0)
     limit = None if job.max_end is None else job.max_end - job.start_time
+    user = owners.get(job.id)
     if started:
-        return history.runtime(job.queue, gpus, limit=limit)
+        return history.runtime(job.queue, gpus, limit=limit, user=user)
     elapsed = max(0.0, clock - job.start_time)
-    return history.remaining(job.queue, gpus, elapsed, limit=limit)
+    return history.remaining(job.queue, gpus, elapsed, limit=limit, user=user)
 
 
 def forecast_start(
@@ -194,14 +236,22 @@ def forecast_start(
     now: float,
     horizon: float = DEFAULT_HORIZON,
     max_steps: int = DEFAULT_MAX_STEPS,
+    owners: Mapping[str, str] | None = None,
 ) -> float | None:
     """When the pending job ``job_id`` will likely start: ``now`` if it would start at
     once, None when it cannot be told (no history yet, past ``horizon`` or
-    ``max_steps`` cycles). ``session`` is not changed."""
+    ``max_steps`` cycles). ``owners``: each job's user, where known. ``session`` is not
+    changed."""
     if session.pending_job(job_id) is None:
         return None
     starts = forecast_starts(
-        session, history, now=now, horizon=horizon, max_steps=max_steps, until=job_id
+        session,
+        history,
+        now=now,
+        horizon=horizon,
+        max_steps=max_steps,
+        until=job_id,
+        owners=owners,
     )
     return starts.get(job_id)
 
@@ -214,16 +264,19 @@ def forecast_starts(
     horizon: float = DEFAULT_HORIZON,
     max_steps: int = DEFAULT_MAX_STEPS,
     until: str | None = None,
+    owners: Mapping[str, str] | None = None,
 ) -> dict[str, float]:
     """When each pending job will likely start, for those that start within ``horizon``
     and ``max_steps`` cycles and before a job whose run time cannot be guessed does (none
     at all without history for the running jobs); with ``until``, the play stops once
-    that job starts. ``session`` is not changed."""
+    that job starts. ``owners`` names each job's user, where known (its run time is
+    guessed from that user's jobs first). ``session`` is not changed."""
+    users: Mapping[str, str] = {} if owners is None else owners
     fork = Session.from_snapshot(session.snapshot(now))
     starts: dict[str, float] = {}
     ends: list[tuple[float, str]] = []
     for job in fork.running.values():
-        left = _left(history, job, now, started=False)
+        left = _left(history, job, now, users, started=False)
         if left is None:
             return starts
         ends.append((now + left, job.id))
@@ -248,7 +301,7 @@ def forecast_starts(
             starts[admit.job] = clock
             if admit.job == until:
                 return starts
-            runtime = _left(history, fork.running[admit.job], clock, started=True)
+            runtime = _left(history, fork.running[admit.job], clock, users, started=True)
             if runtime is None:
                 return starts
             heapq.heappush(ends, (clock + runtime, admit.job))

@@ -176,12 +176,14 @@ FINISHED_RUNS = 10_000
 
 class FinishedRun(NamedTuple):
     """A run that ended in success: its job's queue, the milli-GPUs it held, how long it
-    ran, and the job's declared limit (``max_runtime``, seconds) if it had one."""
+    ran, the job's declared limit (``max_runtime``, seconds) if it had one, and its
+    job's user."""
 
     queue: str
     gpus: int
     seconds: float
     limit: float | None
+    user: str
 
 
 def finished_runs(session: Session, *, limit: int = FINISHED_RUNS) -> list[FinishedRun]:
@@ -190,6 +192,7 @@ def finished_runs(session: Session, *, limit: int = FINISHED_RUNS) -> list[Finis
     rows = session.execute(
         select(
             Job.queue,
+            Job.user,
             Job.spec["max_runtime"],
             Attempt.start_time,
             Attempt.end_time,
@@ -205,8 +208,8 @@ def finished_runs(session: Session, *, limit: int = FINISHED_RUNS) -> list[Finis
         .limit(limit)
     ).all()
     return [
-        FinishedRun(queue, _gpus(allocation), max(0.0, end - start), _limit(declared))
-        for queue, declared, start, end, allocation in reversed(rows)
+        FinishedRun(queue, _gpus(allocation), max(0.0, end - start), _limit(declared), user)
+        for queue, user, declared, start, end, allocation in reversed(rows)
     ]
 
 

@@ -121,18 +121,31 @@ def pending_rows(db: DbSession) -> Sequence[Job]:
 
 
 def snapshot_from_store(
-    db: DbSession, cluster: Cluster, *, now: float, policy: SchedulerPolicy | None = None
+    db: DbSession,
+    cluster: Cluster,
+    *,
+    now: float,
+    policy: SchedulerPolicy | None = None,
+    owners: dict[str, str] | None = None,
 ) -> Snapshot:
     """What the store holds, as one scheduler snapshot at ``now``: every open attempt
     holds its allocation (``terminating`` when its job is no longer active), every
-    pending job waits. Nominations the live loop keeps in memory are not known here."""
+    pending job waits. Nominations the live loop keeps in memory are not known here.
+    ``owners``, when given, is filled with the user of each job in the snapshot (the
+    scheduler never sees users; start forecasts learn run times per user)."""
     running: list[RunningJob] = []
+    known = {} if owners is None else owners
     for job, attempt in open_attempts(db):
         held = running_of(job, attempt, cluster)
         held.terminating = JobState(job.state) not in ACTIVE
         running.append(held)
+        known[job.id] = job.user
     holding = {r.id for r in running}
-    pending = [pending_of(job, cluster) for job in pending_rows(db) if job.id not in holding]
+    pending = []
+    for job in pending_rows(db):
+        if job.id not in holding:
+            pending.append(pending_of(job, cluster))
+            known[job.id] = job.user
     return Snapshot(
         now=now,
         cluster=cluster,
