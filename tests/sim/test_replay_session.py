@@ -104,6 +104,30 @@ def test_sampled_jobs_with_a_limit_are_forecast_from_the_share_of_it_jobs_used(
         assert late.predicted_start == late.first_start == 3000 + 200 * i
 
 
+def test_a_trace_that_names_users_is_forecast_from_each_users_runs(
+    tiny_cluster: Cluster,
+) -> None:
+    """ada's 4-GPU jobs run 300 s and bob's 50 s, one after another on team-a's node.
+    Named, each later job's start is foreseen exactly from its own user's runs and those
+    of the users ahead of it; unnamed, the queue's mix of both is wrong for both."""
+
+    def work(named: bool) -> list[TraceJob]:
+        out = []
+        for i, at in [*enumerate(range(20)), *enumerate(range(5000, 5008), start=20)]:
+            user = "ada" if i % 2 == 0 else "bob"
+            ran = job(f"j{i}", at, 300 if user == "ada" else 50, "team-a", 4)
+            out.append(replace(ran, user=user if named else None))
+        return out
+
+    def late(named: bool) -> list[tuple[float | None, float | None]]:
+        result = Replay(tiny_cluster, work(named), parse_policy("fifo-isolated"), predict_every=1)
+        by_id = {j.job_id: j for j in result.run().jobs}
+        return [(by_id[f"j{i}"].predicted_start, by_id[f"j{i}"].first_start) for i in range(21, 28)]
+
+    assert all(predicted == started for predicted, started in late(named=True))
+    assert all(predicted != started for predicted, started in late(named=False))
+
+
 def test_progress_is_reported_per_thousand_arrivals(tiny_cluster: Cluster) -> None:
     work = [job(f"j{i}", i, 1, "team-a", 0.5) for i in range(2500)]
     seen: list[tuple[int, int]] = []

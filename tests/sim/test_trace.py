@@ -17,10 +17,10 @@ from allotment.sim.trace import (
 )
 
 HEADER = "job_id,submit_time,duration,queue,gpus,replicas,cpu,memory,pool,priority_class,type"
-GOOD = f"""{HEADER},max_runtime
-j1,0,100,team-a,4,1,8,32Gi,a100,training,training,2h
-j2,5.5,30,team-b,0.5,,500m,,,,,
-j3,7,60,team-b,2,2,,,,,eval,90
+GOOD = f"""{HEADER},max_runtime,user
+j1,0,100,team-a,4,1,8,32Gi,a100,training,training,2h,ada
+j2,5.5,30,team-b,0.5,,500m,,,,,,
+j3,7,60,team-b,2,2,,,,,eval,90, bob
 """
 
 
@@ -53,6 +53,7 @@ def test_reads_every_column_in_units() -> None:
         90.0,
         4,
     )
+    assert (j1.user, j2.user, j3.user) == ("ada", None, "bob")
 
 
 def test_only_required_columns_and_blank_lines(tmp_path: Path) -> None:

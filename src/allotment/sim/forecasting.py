@@ -23,8 +23,10 @@ class StartForecaster:
     forecast (None: none could be made), ``seconds`` the wall time spent forecasting.
     """
 
-    def __init__(self, every: int) -> None:
+    def __init__(self, every: int, owners: Mapping[str, str] | None = None) -> None:
         self.every = max(0, every)
+        self.owners: Mapping[str, str] = {} if owners is None else owners
+        """Each job's user, where the trace names one."""
         self.history = RuntimeHistory()
         self.predictions: dict[str, float | None] = {}
         self.seconds = 0.0
@@ -42,12 +44,15 @@ class StartForecaster:
         if self.every and self._arrived % self.every == 0:
             self._due.append(job_id)
 
-    def learn(self, queue: str, gpus: int, runtime: float, *, limit: float | None = None) -> None:
-        """A job of ``queue`` holding ``gpus`` milli-GPUs ran ``runtime`` replay seconds,
-        under its declared ``limit`` (``max_runtime``) if it had one. Nothing when no
-        job is sampled (``every`` 0): no forecast will read it."""
+    def learn(
+        self, job_id: str, queue: str, gpus: int, runtime: float, *, limit: float | None = None
+    ) -> None:
+        """Job ``job_id`` of ``queue`` holding ``gpus`` milli-GPUs ran ``runtime`` replay
+        seconds, under its declared ``limit`` (``max_runtime``) if it had one. Nothing
+        when no job is sampled (``every`` 0): no forecast will read it."""
         if self.every:
-            self.history.record(queue, gpus, runtime, limit=limit)
+            user = self.owners.get(job_id)
+            self.history.record(queue, gpus, runtime, limit=limit, user=user)
 
     def predict(
         self,
@@ -63,7 +68,9 @@ class StartForecaster:
         for job_id in self._due:
             predicted = first_start(job_id)
             if predicted is None and session is not None:
-                predicted = forecast_start(session, job_id, self.history, now=now)
+                predicted = forecast_start(
+                    session, job_id, self.history, now=now, owners=self.owners
+                )
             self.predictions[job_id] = predicted
         self._due.clear()
         self.seconds += time.perf_counter() - began

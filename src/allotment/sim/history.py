@@ -213,7 +213,7 @@ def trace_csv(recorded: Sequence[RecordedJob], *, since: float) -> tuple[str, in
     text and the number of jobs left out because they never completed a run."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(KNOWN_COLUMNS)
+    writer.writerow(c for c in KNOWN_COLUMNS if c != "user")  # users are not shared
     requests = _Requests()
     left_out = written = 0
     for job in recorded:

@@ -151,7 +151,9 @@ class Replay:
         )
         self.sampler = ContentionSampler(span)
         self.shortfalls = ShortfallTracker()
-        self.forecaster = StartForecaster(self.predict_every)
+        self.forecaster = StartForecaster(
+            self.predict_every, {job.job_id: job.user for job in jobs if job.user is not None}
+        )
         schedule = scheduler if scheduler is not None else default_scheduler()
         self.core: Session | SnapshotCore = (
             Session(cluster, policy)
@@ -222,7 +224,11 @@ class Replay:
             for finished in executor.end_due(now):
                 core.gone(finished.job_id)
                 forecaster.learn(
-                    finished.queue, finished.gpus, finished.runtime, limit=finished.limit
+                    finished.job_id,
+                    finished.queue,
+                    finished.gpus,
+                    finished.runtime,
+                    limit=finished.limit,
                 )
                 if finished.again:
                     core.submit(executor.requests[finished.job_id])

@@ -34,6 +34,7 @@ OPTIONAL_COLUMNS = (
     "priority_class",
     "type",
     "max_runtime",
+    "user",
 )
 KNOWN_COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
 MAX_REPLICAS = 10_000
@@ -102,6 +103,10 @@ class TraceJob:
     withdraw_at: float | None = None
     """When its user cancelled it while it waited (trace seconds, before any time
     scale): it leaves then, or is stopped then if the replay started it already."""
+    user: str | None = None
+    """Who submitted it, where the trace says: start forecasts (``--predict-every``)
+    learn a job's run time from its user's finished jobs first. The scheduler never
+    sees it."""
 
     def __post_init__(self) -> None:
         if self.pool is not None:
@@ -203,6 +208,7 @@ def _row(cells: dict[str, str], line: int) -> TraceJob:
         type=job_type,
         max_runtime=max_runtime_s,
         line=line,
+        user=get("user"),
     )
 
 
