@@ -266,10 +266,14 @@ class AllotmentClient:
             body = self._request("POST", "/whatif", json={"text": text, **query})
         return body
 
-    def history_export(self, *, since: str = "7d", until: str | None = None) -> tuple[str, int]:
-        """The recorded jobs as a trace CSV, and how many never completed a run (left
-        out)."""
+    def history_export(
+        self, *, since: str = "7d", until: str | None = None, users: bool = False
+    ) -> tuple[str, int]:
+        """The recorded jobs as a trace CSV (``users``: with a column of pseudonyms), and
+        how many never completed a run (left out)."""
         params = {"since": since} if until is None else {"since": since, "until": until}
+        if users:
+            params["users"] = "true"
         try:
             response = self._http.request("GET", "/history/export", params=params)
         except httpx.HTTPError as exc:

@@ -29,7 +29,16 @@ T0 = 1_800_000_000.0
 NOW = T0 + 3600.0
 
 
-def ran(db: Session, job_id: str, queue: str, tenant: str, submit: float, start: float, end: float):
+def ran(
+    db: Session,
+    job_id: str,
+    queue: str,
+    tenant: str,
+    submit: float,
+    start: float,
+    end: float,
+    user: str = "bob",
+) -> None:
     spec = JobSpec.model_validate(
         {
             "name": f"secret-{job_id}",
@@ -42,7 +51,7 @@ def ran(db: Session, job_id: str, queue: str, tenant: str, submit: float, start:
         db,
         spec,
         tenant=tenant,
-        user="bob",
+        user=user,
         at=submit,
         job_id=job_id,
         accepted="ok",
@@ -73,7 +82,16 @@ def people(tmp_path_factory: pytest.TempPathFactory) -> Iterator[People]:
                 T0 + 600 * (i // 2),
                 T0 + 600 * (i // 2 + 1),
             )
-            ran(db, f"n{i}", "nlp-q", "nlp", T0 + i, T0 + 600 * (i // 2), T0 + 600 * (i // 2 + 1))
+            ran(
+                db,
+                f"n{i}",
+                "nlp-q",
+                "nlp",
+                T0 + i,
+                T0 + 600 * (i // 2),
+                T0 + 600 * (i // 2 + 1),
+                user="nick" if i % 2 else "nora",
+            )
     app = create_app(
         cluster=load_cluster_text(CLUSTER),
         store_sessions=sessions,
@@ -164,6 +182,19 @@ def test_history_export_is_a_trace_without_names_scoped_to_the_tenant(people: Pe
         headers={"Authorization": f"Bearer {people.tokens['root']}"},
     )
     assert response.headers["content-type"].startswith("text/csv")
+
+
+def test_history_export_may_tell_whose_jobs_are_one_persons_never_who(people: People) -> None:
+    text, _ = people["root"].history_export(since="1h", users=True)
+    header, *rows = [line.split(",") for line in text.splitlines()]
+    assert header[-1] == "user" and len(rows) == 8
+    users = {row[0]: row[-1] for row in rows}
+    # In submission order: n0 (nora), v0 (bob), n1 (nick), v1 (bob), n2 (nora), ...
+    assert [users[f"h{i}"] for i in range(1, 9)] == ["u1", "u2", "u3", "u2"] * 2
+    assert not {"bob", "nick", "nora"} & {cell for row in rows for cell in row}
+    # A tenant admin's export numbers its own users from u1.
+    mine, _ = people["nina"].history_export(since="1h", users=True)
+    assert [line.split(",")[-1] for line in mine.splitlines()[1:]] == ["u1", "u2"] * 2
 
 
 def test_a_tenant_admin_sees_no_fleet_counts(people: People) -> None:

@@ -128,3 +128,11 @@ def test_whatif_replays_recorded_history_faithfully_and_shows_a_proposal(up: Up)
     assert text.count("\n") == JOBS + 1 and "w0-" not in text and "sleep" not in text
     sim = allot_json(up, "sim", str(trace), "-f", str(up.root / "cluster.yaml"))
     assert sim[0]["jobs"] == JOBS
+    # With pseudonymous users, the replay's start forecasts learn per user.
+    named = up.root / "history-users.csv"
+    allot(up, "history", "export", "--since", "1h", "--users", "--out", str(named))
+    lines = named.read_text().splitlines()
+    assert lines[0].endswith(",user") and all(line.split(",")[-1] for line in lines[1:])
+    cluster = str(up.root / "cluster.yaml")
+    sim = allot_json(up, "sim", str(named), "-f", cluster, "--predict-every", "1")
+    assert sim[0]["jobs"] == sim[0]["forecast_samples"] == JOBS

@@ -390,10 +390,12 @@ def history_export(
     who: HistoryReader,
     since: Annotated[str, Query(min_length=1, max_length=64)] = "7d",
     until: Annotated[str | None, Query(max_length=64)] = None,
+    users: bool = False,
 ) -> CsvResponse:
-    """The recorded jobs as a generic trace CSV, without names, commands or users (see
+    """The recorded jobs as a generic trace CSV, without names, commands or users (with
+    ``users``, pseudonyms ``u1, u2, ...`` that tell whose jobs are the same person's; see
     ``allot history export``); ``X-Left-Out`` counts the jobs that never completed a run."""
-    text, left_out = whatif.history_export(svc, who, since=since, until=until)
+    text, left_out = whatif.history_export(svc, who, since=since, until=until, users=users)
     return CsvResponse(text, headers={"X-Left-Out": str(left_out)})
 
 

@@ -95,14 +95,15 @@ def whatif(
 
 
 def history_export(
-    svc: JobService, who: Principal, *, since: str, until: str | None
+    svc: JobService, who: Principal, *, since: str, until: str | None, users: bool = False
 ) -> tuple[str, int]:
-    """The trace CSV of the window's jobs that ``who`` may see, and how many were left
-    out because they never completed a run."""
+    """The trace CSV of the window's jobs that ``who`` may see (with ``users``, a column
+    of pseudonyms telling whose jobs are the same person's), and how many were left out
+    because they never completed a run."""
     window = parse_window(since, until, now=svc.clock())
     with svc.sessions() as session:
         recorded = recorded_jobs(session, since=window.since, until=window.until)
     tenant = visible_tenant(who)
     if tenant is not None:
         recorded = [job for job in recorded if (job.tenant or DEFAULT_TENANT) == tenant]
-    return trace_csv(recorded, since=window.since)
+    return trace_csv(recorded, since=window.since, users=users)

@@ -205,13 +205,21 @@ def export(
     out: Annotated[
         str | None, typer.Option("--out", "-o", help="Write the CSV here instead of stdout.")
     ] = None,
+    users: Annotated[
+        bool,
+        typer.Option(
+            "--users",
+            help="Add a user column of pseudonyms (u1, u2, ...): whose jobs are the same "
+            "person's, never who (start forecasts learn per user).",
+        ),
+    ] = False,
     url: UrlOption = None,
     token: TokenOption = None,
 ) -> None:
     """Export the jobs recorded over a window as a trace CSV for ``allot sim``, without
-    job names, commands or users."""
+    job names, commands or users (``--users``: pseudonyms)."""
     with connect(url, token) as client:
-        text, left_out = client.history_export(since=since, until=until)
+        text, left_out = client.history_export(since=since, until=until, users=users)
     if out is None:
         typer.echo(text, nl=False)
     else:

@@ -53,6 +53,8 @@ class RecordedJob:
     runs: tuple[RecordedRun, ...] = ()
     withdrawn: float | None = None
     """When it was cancelled while waiting (never admitted since), if it was."""
+    user: str = ""
+    """Who submitted it (empty where not read)."""
 
     @property
     def first_admitted(self) -> float | None:

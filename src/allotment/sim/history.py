@@ -205,15 +205,20 @@ def _type(value: str) -> JobType:
         return JobType.TRAINING
 
 
-def trace_csv(recorded: Sequence[RecordedJob], *, since: float) -> tuple[str, int]:
+def trace_csv(
+    recorded: Sequence[RecordedJob], *, since: float, users: bool = False
+) -> tuple[str, int]:
     """The generic trace CSV of the recorded jobs that completed a run in the window,
     without names, commands or users: ids ``h1, h2, ...`` in submission order, submit
     times in seconds from ``since``, ``duration`` the last run's. A job of several
-    replica groups is written as its largest group (the format has one). Returns the
-    text and the number of jobs left out because they never completed a run."""
+    replica groups is written as its largest group (the format has one). With
+    ``users``, a ``user`` column tells whose jobs are the same person's, never who:
+    ``u1, u2, ...`` in order of each user's first job written. Returns the text and the
+    number of jobs left out because they never completed a run."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(c for c in KNOWN_COLUMNS if c != "user")  # users are not shared
+    writer.writerow(c for c in KNOWN_COLUMNS if users or c != "user")
+    pseudonyms: dict[str, str] = {}
     requests = _Requests()
     left_out = written = 0
     for job in recorded:
@@ -229,6 +234,9 @@ def trace_csv(recorded: Sequence[RecordedJob], *, since: float) -> tuple[str, in
         pools = [str(p) for p in job.spec.get("pools") or ()]
         limit = _seconds(job.spec.get("max_runtime"))
         written += 1
+        user: tuple[str, ...] = ()
+        if users:
+            user = (pseudonyms.setdefault(job.user, f"u{len(pseudonyms) + 1}"),)
         writer.writerow(
             (
                 f"h{written}",
@@ -243,6 +251,7 @@ def trace_csv(recorded: Sequence[RecordedJob], *, since: float) -> tuple[str, in
                 job.priority_class,
                 _type(job.type).value,
                 "" if limit is None else _number(limit),
+                *user,
             )
         )
     return out.getvalue(), left_out

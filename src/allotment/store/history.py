@@ -44,6 +44,7 @@ def recorded_jobs(session: Session, *, since: float, until: float) -> list[Recor
         select(
             Job.id,
             Job.tenant,
+            Job.user,
             Job.queue,
             Job.priority_class,
             Job.type,
@@ -80,7 +81,7 @@ def recorded_jobs(session: Session, *, since: float, until: float) -> list[Recor
             pool, failure, int(gpus) if isinstance(gpus, int) else 0, ended
         )
     out: list[RecordedJob] = []
-    for job_id, tenant, queue, klass, kind, submit, spec, state in jobs:
+    for job_id, tenant, user, queue, klass, kind, submit, spec, state in jobs:
         runs, withdrawn = _runs(job_id, moves.get(job_id, ()), attempts, until)
         out.append(
             RecordedJob(
@@ -94,6 +95,7 @@ def recorded_jobs(session: Session, *, since: float, until: float) -> list[Recor
                 state=state,
                 runs=runs,
                 withdrawn=withdrawn,
+                user=user,
             )
         )
     return out
