@@ -73,25 +73,10 @@ def people(tmp_path_factory: pytest.TempPathFactory) -> Iterator[People]:
     with sessions.begin() as db:
         # Both queues' jobs share the 4-GPU node: each runs 600 s; the later ones wait.
         for i in range(4):
-            ran(
-                db,
-                f"v{i}",
-                "vision-q",
-                "vision",
-                T0 + i,
-                T0 + 600 * (i // 2),
-                T0 + 600 * (i // 2 + 1),
-            )
-            ran(
-                db,
-                f"n{i}",
-                "nlp-q",
-                "nlp",
-                T0 + i,
-                T0 + 600 * (i // 2),
-                T0 + 600 * (i // 2 + 1),
-                user="nick" if i % 2 else "nora",
-            )
+            start, end = T0 + 600 * (i // 2), T0 + 600 * (i // 2 + 1)
+            ran(db, f"v{i}", "vision-q", "vision", T0 + i, start, end)
+            nlp_user = "nick" if i % 2 else "nora"
+            ran(db, f"n{i}", "nlp-q", "nlp", T0 + i, start, end, user=nlp_user)
     app = create_app(
         cluster=load_cluster_text(CLUSTER),
         store_sessions=sessions,

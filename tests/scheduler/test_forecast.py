@@ -116,12 +116,19 @@ def test_a_users_own_runs_answer_first_then_the_queues() -> None:
     assert history.runtime("a", 1000, limit=2000, user="bob") == pytest.approx(200)
 
 
-def test_a_forecast_guesses_each_job_from_its_users_runs() -> None:
+def one_node(after_gpus: int) -> Session:
+    """One 8-GPU node: ``r`` has held it for 30 s; ``next`` (8 GPUs) waits, then
+    ``after`` (``after_gpus``)."""
     cluster = ClusterBuilder().pool("a100", nodes=1, gpu=8).leaf("a", quota={"a100": {"gpu": 8}})
     session = Session(cluster.build())
     session.started(running("r", "a", "a100-00", gpu=8, start=NOW - 30))
     session.submit(job("next", "a", gpu=8))
-    session.submit(job("after", "a", gpu=8, submit=NOW))
+    session.submit(job("after", "a", gpu=after_gpus, submit=NOW))
+    return session
+
+
+def test_a_forecast_guesses_each_job_from_its_users_runs() -> None:
+    session = one_node(after_gpus=8)
     history = RuntimeHistory()
     for _ in range(MIN_SAMPLES):
         history.record("a", 8000, 1000, user="ada")
@@ -137,11 +144,7 @@ def test_a_forecast_guesses_each_job_from_its_users_runs() -> None:
 
 
 def test_forecast_plays_the_session_forward_without_changing_it() -> None:
-    cluster = ClusterBuilder().pool("a100", nodes=1, gpu=8).leaf("a", quota={"a100": {"gpu": 8}})
-    session = Session(cluster.build())
-    session.started(running("r", "a", "a100-00", gpu=8, start=NOW - 30))
-    session.submit(job("next", "a", gpu=8))
-    session.submit(job("after", "a", gpu=4, submit=NOW))
+    session = one_node(after_gpus=4)
     history = RuntimeHistory()
     assert forecast_start(session, "next", history, now=NOW) is None  # nothing learned yet
     for _ in range(MIN_SAMPLES):
