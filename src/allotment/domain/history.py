@@ -68,3 +68,9 @@ class ConfigVersion:
     version: int
     applied_at: float
     text: str
+
+
+def spec_seconds(value: object) -> float | None:
+    """A duration of a stored job spec (``max_runtime``, ``expected_runtime``: the store
+    keeps them as seconds): None when it has none."""
+    return float(value) if isinstance(value, int | float) and value > 0 else None

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from allotment.domain.history import RecordedJob, RecordedRun
+from allotment.domain.history import RecordedJob, RecordedRun, spec_seconds
 from allotment.domain.job import JobType, ReplicaGroup
 from allotment.domain.lifecycle import JobState
 from allotment.domain.resources import CPU, GPU, MEMORY, format_quantity
@@ -121,10 +121,6 @@ class _Requests:
         return known
 
 
-def _seconds(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and value > 0 else None
-
-
 def replay_jobs(recorded: Sequence[RecordedJob]) -> HistoryTrace:
     """The recorded jobs as a trace for :class:`~allotment.sim.replay.Replay` (time scale
     1, real clock), in submission order."""
@@ -152,7 +148,7 @@ def replay_jobs(recorded: Sequence[RecordedJob]) -> HistoryTrace:
     )
     for job in recorded:
         spec = job.spec
-        expected = _seconds(spec.get("expected_runtime"))
+        expected = spec_seconds(spec.get("expected_runtime"))
         runs: list[tuple[float, str]] = []
         for run in kept_runs(job.runs):
             ending = _ENDINGS.get(run.ended_as or "", FAILED)
@@ -187,7 +183,7 @@ def replay_jobs(recorded: Sequence[RecordedJob]) -> HistoryTrace:
                 pool=pools[0] if len(pools) == 1 else None,
                 priority_class=job.priority_class,
                 type=_type(job.type),
-                max_runtime=_seconds(spec.get("max_runtime")),
+                max_runtime=spec_seconds(spec.get("max_runtime")),
                 requests=groups,
                 expected_runtime=expected,
                 preemptible=bool(spec.get("preemptible")),
@@ -232,7 +228,7 @@ def trace_csv(
         group = max(groups, key=lambda g: (g.count * g.resources.get(GPU, 0), g.count))
         res = group.resources
         pools = [str(p) for p in job.spec.get("pools") or ()]
-        limit = _seconds(job.spec.get("max_runtime"))
+        limit = spec_seconds(job.spec.get("max_runtime"))
         written += 1
         user: tuple[str, ...] = ()
         if users:

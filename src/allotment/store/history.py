@@ -14,8 +14,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
-from allotment.domain.durations import parse_duration
-from allotment.domain.history import ConfigVersion, RecordedJob, RecordedRun
+from allotment.domain.history import ConfigVersion, RecordedJob, RecordedRun, spec_seconds
 from allotment.domain.lifecycle import TERMINAL, JobState
 from allotment.domain.resources import GPU
 from allotment.store.jobs import TRANSITION
@@ -210,7 +209,7 @@ def finished_runs(session: Session, *, limit: int = FINISHED_RUNS) -> list[Finis
         .limit(limit)
     ).all()
     return [
-        FinishedRun(queue, _gpus(allocation), max(0.0, end - start), _limit(declared), user)
+        FinishedRun(queue, _gpus(allocation), max(0.0, end - start), spec_seconds(declared), user)
         for queue, user, declared, start, end, allocation in reversed(rows)
     ]
 
@@ -218,13 +217,3 @@ def finished_runs(session: Session, *, limit: int = FINISHED_RUNS) -> list[Finis
 def _gpus(allocation: Any) -> int:
     """The milli-GPUs a stored allocation holds, over its replicas."""
     return sum(int(item.get("resources", {}).get(GPU, 0)) for item in allocation or ())
-
-
-def _limit(declared: Any) -> float | None:
-    """A stored spec's ``max_runtime`` in seconds (None when it has none)."""
-    if declared is None:
-        return None
-    try:
-        return parse_duration(declared)
-    except ValueError:
-        return None
