@@ -169,3 +169,21 @@ def test_jittered_replay_names_its_seed(files: Path) -> None:
     assert result.exit_code == 0 and "jittered (seed 3)" in " ".join(result.stdout.split())
     result = sim(files, "--jitter-seed", "-1")
     assert result.exit_code != 0 and "--jitter-seed" in result.output
+
+
+def test_the_table_says_when_a_replay_cut_an_instant_short() -> None:
+    """A replay that reached its livelock guard is not faithful: the table says so (and
+    says nothing of it otherwise)."""
+    from rich.console import Console
+
+    from allotment.cli.render import comparison_table
+
+    def shown(*cut: int) -> str:
+        console = Console(width=200, record=True)
+        summaries = [{"policy": f"p{i}", "instants_cut": n} for i, n in enumerate(cut)]
+        console.print(comparison_table(summaries, "t"))
+        return console.export_text()
+
+    assert "instants cut short" not in shown(0, 0)
+    row = next(line for line in shown(0, 3).splitlines() if "instants cut short" in line)
+    assert [cell.strip() for cell in row.split("│")[2:4]] == ["0", "3"]

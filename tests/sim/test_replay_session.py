@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from allotment.domain.cluster import Cluster
+from allotment.domain.loading import load_cluster_text
 from allotment.scheduler.cycle import schedule_once
 from allotment.scheduler.snapshot import SchedulerPolicy
 from allotment.sim.metrics import summarize
@@ -63,6 +64,52 @@ def test_a_queue_owed_its_guarantee_is_a_shortfall_until_it_gets_it(
     assert summarize(reclaimed)["guarantee_violations"] == 0
     a1 = next(j for j in reclaimed.jobs if j.job_id == "a1")
     assert a1.first_start == 10
+
+
+CROSSED = """
+pools:
+  - {name: pa}
+  - {name: pb}
+nodes:
+  - {name_prefix: a, count: 10, pool: pa, capacity: {gpu: 8, cpu: 64, memory: 512Gi}}
+  - {name_prefix: b, count: 10, pool: pb, capacity: {gpu: 8, cpu: 64, memory: 512Gi}}
+queues:
+  - name: org
+    children:
+      - {name: team-a, quota: {pa: {gpu: 80, cpu: 640, memory: 5120Gi}}}
+      - {name: team-b, quota: {pb: {gpu: 80, cpu: 640, memory: 5120Gi}}}
+"""
+"""Two pools of 80 GPUs, each one team's guarantee."""
+
+CROSSED_WORK = [
+    # team-a fills its own pool for 100 s, and borrows all of team-b's for long.
+    *(job(f"a-short-{k}", 0, 100, "team-a", 1) for k in range(80)),
+    *(job(f"a-long-{k}", 1, 10_000, "team-a", 1) for k in range(80)),
+    # Then team-b, finding its own pool full, borrows all of team-a's.
+    *(job(f"b-long-{k}", 200, 10_000, "team-b", 1) for k in range(80)),
+    # team-a takes one GPU back at home: its victim, requeued, takes one back in
+    # team-b's pool, whose victim takes one back in team-a's, and so on.
+    job("a-new", 300, 10_000, "team-a", 1),
+]
+
+
+def test_a_chain_of_reclaims_plays_out_at_its_instant() -> None:
+    """Each hop of the chain is one cycle; the replay runs them all at t=300, as the live
+    loop runs cycle after cycle, so no queue is left short of its guarantee. Cut at 64
+    cycles (as the replay once was), both stayed short until the next event, 9,701 s on,
+    and the replay says it was cut."""
+    cluster = load_cluster_text(CROSSED, source="crossed")
+    result = Replay(cluster, CROSSED_WORK, parse_policy("borrowing")).run()
+    summary = summarize(result)
+    assert (summary["guarantee_violations"], summary["instants_cut"]) == (0, 0)
+    starts = {a.job_id for a in result.attempts if a.start == 300}
+    assert "a-new" in starts
+
+    cut = Replay(cluster, CROSSED_WORK, parse_policy("borrowing"), max_cycles_per_instant=64)
+    summary = summarize(cut.run())
+    assert summary["instants_cut"] == 1
+    assert summary["guarantee_violations"] == 2
+    assert summary["guarantee_shortfall_max_s"] == 9_701
 
 
 def test_sampled_jobs_get_a_start_forecast(tiny_cluster: Cluster) -> None:

@@ -158,6 +158,8 @@ def comparison_table(summaries: Sequence[dict[str, Any]], title: str) -> Table:
     for summary in summaries:
         table.add_column(summary["policy"], justify="right")
     rows = ROWS
+    if any(s.get("instants_cut") for s in summaries):
+        rows += (("instants cut short (livelock guard)", "instants_cut", _count),)
     if any("forecast_samples" in s for s in summaries):
         rows += FORECAST_ROWS
     for label, key, fmt in rows:

@@ -16,6 +16,8 @@
   held no more than its nominal GPUs minus theirs (:mod:`allotment.sim.owed`); an
   outside checker's count, stricter than ``guarantee_violations``.
 - ``wait_max_s``: the longest wait (no job starving).
+- ``instants_cut``: instants the replay left before their cycles settled (its guard
+  against a livelock was reached): 0 in a faithful replay.
 - ``forecast_*`` (with ``predict_every``): start forecasts made at submission against
   the actual starts (see :func:`forecast_stats`).
 - ``fairness_jain``: Jain's index (sum x)^2 / (n*sum x^2) over the queues' mean *bounded
@@ -228,7 +230,7 @@ def contention_stats(result: ReplayResult) -> dict[str, Any]:
 
 def summarize(result: ReplayResult) -> dict[str, Any]:
     """The summary of one replay: the fields the README lists, a few more (``finished``,
-    ``failed``, ``unfinished``, ``gpu_hours``, ``cycles``, ``scheduler_s``), and
+    ``failed``, ``unfinished``, ``gpu_hours``, ``cycles``, ``instants_cut``, ``scheduler_s``), and
     ``per_queue`` with the same fields per queue (``fairness_jain`` and ``wall_s`` are
     None there)."""
     jobs = result.jobs
@@ -258,6 +260,7 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
     overall["owed_waits"] = owed[""]
     overall["wall_s"] = _round(result.wall_s)
     overall["cycles"] = result.cycles
+    overall["instants_cut"] = result.instants_cut
     overall["scheduler_s"] = _round(result.scheduler_s)
     overall.update(forecast_stats(jobs))
     overall.update(contention_stats(result))

@@ -64,6 +64,9 @@ class ReplayResult:
     total_gpus: int
     """Milli-GPUs of the healthy nodes."""
     cycles: int = 0
+    instants_cut: int = 0
+    """Instants the replay left before their cycles settled (its guard against a
+    livelock, ``max_cycles_per_instant``, was reached): 0 in a faithful replay."""
     preemptions: int = 0
     scheduler_s: float = 0.0
     forecast_s: float = 0.0
