@@ -5,9 +5,11 @@ import json
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from allotment.cli.main import app
+from allotment.cli.render import comparison_table
 from allotment.scheduler.decisions import Admit, Decisions
 from allotment.scheduler.snapshot import ReplicaPlacement, Snapshot
 from allotment.sim import replay as replay_module
@@ -174,9 +176,6 @@ def test_jittered_replay_names_its_seed(files: Path) -> None:
 def test_the_table_says_when_a_replay_cut_an_instant_short() -> None:
     """A replay that reached its livelock guard is not faithful: the table says so (and
     says nothing of it otherwise)."""
-    from rich.console import Console
-
-    from allotment.cli.render import comparison_table
 
     def shown(*cut: int) -> str:
         console = Console(width=200, record=True)
