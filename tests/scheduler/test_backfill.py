@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from allotment.scheduler.snapshot import SchedulerPolicy
+from allotment.domain.reasons import Reason
+from allotment.scheduler.pool_tries import PoolTries
+from allotment.scheduler.snapshot import SchedulerPolicy, Snapshot
+from allotment.scheduler.state import CycleState
 
-from .builders import NOW, ClusterBuilder, admitted, codes, cycle, job, running
+from .builders import NOW, ClusterBuilder, admitted, codes, cycle, job, res, running
 
 
 def two_nodes() -> ClusterBuilder:
@@ -53,6 +56,24 @@ def test_unbounded_job_may_not_take_reserved_capacity() -> None:
     assert decisions.admitted[0].placements[0].node == "a100-01"
     assert codes(decisions)["x2"] == "behind_higher_priority"
     assert decisions.waiting["x2"].detail["reserved_for"] == ["big"]
+
+
+def test_a_job_that_would_not_fit_without_the_reservation_is_told_so() -> None:
+    # big, a gang of two whole nodes, reserves a100-02 (free) and a100-00 (once r0
+    # ends). pair, two 6-GPU replicas, finds no room beside that reservation, but it
+    # would not fit without it either: one replica fits on a100-02 as things are. Its
+    # reason says that, not "no node has 6 gpu free" beside a largest free slot of 8.
+    cluster = ClusterBuilder().pool("a100", nodes=3).leaf("a", quota={"a100": {"gpu": 24}})
+    pending = [
+        job("big", "a", gpu=8, replicas=2, submit=1),
+        job("pair", "a", gpu=6, replicas=2, submit=2),
+    ]
+    decisions = cycle(cluster.build(), pending, RUNS, policy=AT_ONCE)
+    assert decisions.reservations["big"] == NOW + 3600
+    reason = decisions.waiting["pair"]
+    assert reason.code.value == "gang_unsatisfiable"
+    assert reason.detail["placeable"] == 1
+    assert "only 1 of 2 replicas fit at once" in reason.message
 
 
 def test_strict_fifo_without_backfill_blocks_the_queue() -> None:
@@ -158,3 +179,29 @@ def test_with_reclaim_only_a_job_that_has_waited_long_reserves() -> None:
     easy = SchedulerPolicy(reserve_after=3600.0, borrowing=False, reclaim=False, strict_fifo=True)
     decisions = cycle(two_nodes().build(), young, RUNS, policy=easy)
     assert decisions.reservations == {"big": NOW + 3600}
+
+
+def test_a_job_the_quota_refuses_is_told_so_where_a_reservation_holds_the_free_node() -> None:
+    # a's guarantee (20 of the pool's 24, lent to nobody) leaves c's 8-GPU job no room
+    # in the pool's quota, though a100-02 is free: the quota's reason. When a
+    # reservation claims a100-02, the quota still says no: the same reason, not "no node
+    # has 8 gpu free" beside a largest free slot of 8.
+    cluster = (
+        ClusterBuilder()
+        .pool("a100", nodes=3)
+        .leaf("a", quota={"a100": {"gpu": 20}}, lending_limit={"a100": {"gpu": 0}})
+        .leaf("c", quota={"a100": {"gpu": 8}})
+        .build()
+    )
+    snapshot = Snapshot(now=NOW, cluster=cluster, pending=[], running=RUNS, policy=AT_ONCE)
+    tries = PoolTries(CycleState.from_snapshot(snapshot), remember=False)
+    x = job("x", "c", gpu=8)
+    reasons = []
+    for claims in (None, {"a100-02": res(gpu=8)}):
+        held_back: list[str] = []
+        reason = tries.attempt(x, "c", "a100", x.shape(), claims, held_back)
+        assert isinstance(reason, Reason)
+        assert held_back == []
+        reasons.append(reason)
+    assert [r.code.value for r in reasons] == ["quota_exhausted", "quota_exhausted"]
+    assert "pool a100 is full for queue c" in reasons[1].message

@@ -545,6 +545,29 @@ def test_an_owed_job_moves_its_queues_jobs_before_another_queue_borrows_the_room
     assert reason.detail["reserved_for"] == ["b-big"]
 
 
+def test_an_owed_jobs_own_reservation_does_not_keep_it_from_moving_its_queues_jobs() -> None:
+    # As above, but b-big has waited five hours and b's jobs have known ends, so it
+    # first gets a backfill reservation: v100-00 once b-old ends. When a's job would
+    # then borrow the free GPUs, b-big is tried again with moves allowed; the room it
+    # reserved for itself must not stand in its own way (b-new moves onto that node,
+    # the reservation is dropped), and a's job waits.
+    cluster, runs = fragmented_owner()
+    ends = {"b-old": NOW + 3600, "b-new": NOW + 7200}
+    runs = [replace(r, expected_end=ends.get(r.id)) for r in runs]
+    big = job("b-big", "b", gpu=4, submit=NOW - 5 * 3600)
+    alone = cycle(cluster, [big], runs)
+    assert alone.reservations == {"b-big": NOW + 3600}
+    decisions = cycle(cluster, [big, job("a-small", "a", gpu=2)], runs)
+    assert admitted(decisions) == []
+    (preempt,) = decisions.preemptions
+    assert {v.job: v.cause for v in preempt.victims} == {"b-new": "move"}
+    assert "b-big" not in decisions.reservations
+    assert codes(decisions) == {
+        "b-big": "waiting_for_preemption",
+        "a-small": "behind_higher_priority",
+    }
+
+
 def test_a_borrower_still_takes_room_an_owed_job_could_not_get_by_moves() -> None:
     # b's jobs outrank its waiting one: no move makes room for it, and a's job borrows
     # the free GPUs as before.

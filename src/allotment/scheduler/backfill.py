@@ -69,6 +69,20 @@ class Reservations:
             return None
         return self.merged
 
+    def claims_before(
+        self, job: str, now: float, bound: float | None
+    ) -> dict[str, dict[str, int]] | None:
+        """The claims ``job`` must leave free when it is tried again after its own
+        reservation was made: those of the reservations made before its own (all of
+        them if it has none), under :meth:`claims_for`'s rule."""
+        mine = next((i for i, r in enumerate(self.items) if r.job == job), None)
+        if mine is None:
+            return self.claims_for(now, bound)
+        earlier = Reservations()
+        for reservation in self.items[:mine]:
+            earlier.add(reservation)
+        return earlier.claims_for(now, bound)
+
     def held_back(self, pool: str, queue: str) -> Reason:
         """Why a job of ``queue`` that would fit in ``pool`` now waits: the claims."""
         return Reason(

@@ -487,9 +487,11 @@ class _Cycle:
         """Why a fitting ``total`` job of ``queue`` waits: an owner made room in ``pool``."""
         state, turns = self.state, self.turns
         for job, line, klass in turns.owners_first(state, queue, pool, total):
-            claims = self.reservations.claims_for(state.now, job.runtime_bound)
+            claims = self.reservations.claims_before(job.id, state.now, job.runtime_bound)
             plan = find_victims(state, job, line.queue, pool, klass, self.taken, claims, True)
             if plan is not None:
+                self.decisions.reservations.pop(job.id, None)
+                self.reservations.forget(job.id)
                 self.decisions.waiting[job.id] = self._preempt(job, line.queue, klass, pool, plan)
                 turns.keep(pool, line.queue.name, job.id)
         return turns.kept_for(state, pool, queue, total)

@@ -45,10 +45,11 @@ class PoolTries:
         check = state.quota.check(queue, pool, job)
         if not check.fits and check.blocking_queue != ROOT:
             return check.reason(pool, queue)  # out of its own quota or what it may borrow
-        key = (pool, shape, claims is not None)
-        cached = self.no_fit.get(key) if claims is not None else self.known(pool, shape)
-        if cached is not None and (claims is None or self.known(pool, shape) is not None):
-            return cached  # known not to fit on any node (the world only fills up)
+        known = self.known(pool, shape)
+        if known is not None:
+            return known  # it fits on no node even with nothing claimed
+        key = (pool, shape, True)
+        cached = self.no_fit.get(key) if claims is not None else None
         if cached is not None:
             placed = PlacementResult(reason=cached)
         else:
@@ -63,15 +64,19 @@ class PoolTries:
         assert placed.reason is not None
         if claims is None:
             self._learn(pool, shape, placed.reason)
-        else:
-            self.no_fit[key] = placed.reason
-        if claims is not None and check.fits and self.known(pool, shape) is None:
-            unclaimed = state.placer.place(pool, job.replicas)
-            if unclaimed.ok:
-                held_back.append(pool)
-            else:
-                assert unclaimed.reason is not None
-                self._learn(pool, shape, unclaimed.reason)
+            return placed.reason
+        self.no_fit[key] = placed.reason
+        unclaimed = state.placer.place(pool, job.replicas)
+        if not unclaimed.ok:
+            # It would not fit with nothing claimed either: that is the reason.
+            assert unclaimed.reason is not None
+            self._learn(pool, shape, unclaimed.reason)
+            return unclaimed.reason
+        if not check.fits:
+            # Only the claims stand in the nodes' way, and without them the quota would
+            # still say no: its reason, as when nothing is claimed.
+            return check.reason(pool, queue)
+        held_back.append(pool)
         return placed.reason
 
     def known(self, pool: str, shape: str) -> Reason | None:
