@@ -1,9 +1,10 @@
 """Named scheduler policies for replay, and their composition.
 
 A policy name is one preset or several joined by ``+``; the flags of the parts are OR-ed
-(``borrowing+backfill`` borrows *and* backfills). ``oracle`` is a modifier: added to any
-preset (``default+oracle``) it shows the scheduler each job's true duration as its
-expected runtime, an upper bound on what runtime estimates can buy.
+(``borrowing+backfill`` borrows *and* backfills, in the strict order that ``backfill``
+brings). ``oracle`` is a modifier: added to any preset (``default+oracle``) it shows the
+scheduler each job's true duration as its expected runtime, an upper bound on what
+runtime estimates can buy.
 
 The flags are what a preset *says*; what the scheduler *does* with them is decided in one
 place, :func:`allotment.scheduler.policy.compose`, which turns them into one strategy per
