@@ -47,8 +47,11 @@ class Reservations:
             for key, amount in claim.items():
                 bucket[key] = bucket.get(key, 0) + amount
 
-    def forget(self, job: str) -> None:
-        """Drop the reservation of ``job`` (if any) and rebuild the merged claims."""
+    def forget(self, job: str, starts: dict[str, float] | None = None) -> None:
+        """Drop the reservation of ``job`` (if any) and rebuild the merged claims; and its
+        start from ``starts`` (a cycle's decisions' reservations), when given."""
+        if starts is not None:
+            starts.pop(job, None)
         kept = [r for r in self.items if r.job != job]
         if len(kept) == len(self.items):
             return

@@ -174,8 +174,7 @@ class _Cycle:
             if outcome in (Outcome.ADMITTED, Outcome.PREEMPTING):
                 self.answered.add(job.id)
             else:  # it competes again in phase 4, in its turn
-                self.decisions.reservations.pop(job.id, None)
-                self.reservations.forget(job.id)
+                self.reservations.forget(job.id, self.decisions.reservations)
             return
         pool = still[0].pool
         for holder in still:
@@ -490,8 +489,7 @@ class _Cycle:
             claims = self.reservations.claims_before(job.id, state.now, job.runtime_bound)
             plan = find_victims(state, job, line.queue, pool, klass, self.taken, claims, True)
             if plan is not None:
-                self.decisions.reservations.pop(job.id, None)
-                self.reservations.forget(job.id)
+                self.reservations.forget(job.id, self.decisions.reservations)
                 self.decisions.waiting[job.id] = self._preempt(job, line.queue, klass, pool, plan)
                 turns.keep(pool, line.queue.name, job.id)
         return turns.kept_for(state, pool, queue, total)
