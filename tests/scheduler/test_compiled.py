@@ -108,7 +108,14 @@ def test_compiled_and_sources_decide_alike(tmp_path: Path) -> None:
     workload = gang_heavy(GangHeavy(load=0.95, seed=2, nodes=8, days=1.0))
     (tmp_path / "trace.csv").write_text(trace_csv(workload))
     (tmp_path / "cluster.yaml").write_text(cluster_yaml(workload))
-    presets = ["fifo-isolated", "borrowing", "fair-share", "backfill", "default"]
+    presets = [
+        "fifo-isolated",
+        "borrowing",
+        "fair-share",
+        "backfill",
+        "default",
+        "fair-share+protect",
+    ]
     results = {}
     for pure in (False, True):
         out = tmp_path / ("pure" if pure else "compiled")

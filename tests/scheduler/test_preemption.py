@@ -331,6 +331,50 @@ def test_a_job_takes_the_victim_that_loses_the_least_work() -> None:
         assert victims(decisions) == {"a1": [taken]}, ran
 
 
+def test_with_protect_reclaim_spares_the_work_a_borrowing_queues_guarantee_covers() -> None:
+    # b is guaranteed 16 GPUs and holds 17: a 2-node gang it submitted first, which had
+    # to wait until a minute ago while a 1-GPU job it submitted later held part of its
+    # guarantee, and that job, which has run two hours. a is owed one GPU. By work lost
+    # alone the gang goes (960 GPU-seconds against 7,200), and so it would again each
+    # time an owner needs room. With ``protect`` b's guarantee covers its earliest
+    # submitted work, the gang, and what b borrows is the younger job: it goes.
+    cluster = owed_a_gang(nodes=3, b_gpus=16)
+    gang = running("b-gang", "b", {"a100-00": 8, "a100-01": 8}, gpu=8, start=NOW - 60)
+    small = running("b-small", "b", "a100-02", start=NOW - 7200)
+    c_jobs = [running(f"c{i}", "c", "a100-02", first_device=1 + i) for i in range(7)]
+    runs = [replace(gang, submit_time=NOW - 9000), replace(small, submit_time=NOW - 8000)]
+    waiting = [job("a1", "a", gpu=1)]
+    assert victims(cycle(cluster, waiting, [*runs, *c_jobs])) == {"a1": ["b-gang"]}
+    protect = SchedulerPolicy(protect_covered=True)
+    decisions = cycle(cluster, waiting, [*runs, *c_jobs], policy=protect)
+    assert victims(decisions) == {"a1": ["b-small"]}
+    assert decisions.preemptions[0].victims[0].cause == "reclaim"
+    # Submitted the other way round, the gang is what b borrows, and it goes.
+    runs = [replace(gang, submit_time=NOW - 8000), replace(small, submit_time=NOW - 9000)]
+    assert victims(cycle(cluster, waiting, [*runs, *c_jobs], policy=protect)) == {"a1": ["b-gang"]}
+
+
+def test_with_protect_a_queue_owed_room_only_covered_work_holds_waits() -> None:
+    # b holds exactly its guarantee but for one GPU: its 2-node gang (covered) and a
+    # 1-GPU job on the third node, submitted first (covered too: 1 + 16 = 17 > 16, so the
+    # gang is not). a needs a whole node: only the gang's nodes could be freed, and the
+    # gang is what b borrows, so it goes; were it covered, a would wait.
+    cluster = owed_a_gang(nodes=3, b_gpus=16)
+    gang = running("b-gang", "b", {"a100-00": 8, "a100-01": 8}, gpu=8, start=NOW - 60)
+    small = running("b-small", "b", "a100-02", start=NOW - 7200)
+    c_jobs = [running(f"c{i}", "c", "a100-02", first_device=1 + i) for i in range(7)]
+    waiting = [job("a8", "a", gpu=8)]
+    protect = SchedulerPolicy(protect_covered=True)
+    small_first = [replace(gang, submit_time=NOW - 8000), replace(small, submit_time=NOW - 9000)]
+    assert victims(cycle(cluster, waiting, [*small_first, *c_jobs], policy=protect)) == {
+        "a8": ["b-gang"]
+    }
+    gang_first = [replace(gang, submit_time=NOW - 9000), replace(small, submit_time=NOW - 8000)]
+    decisions = cycle(cluster, waiting, [*gang_first, *c_jobs], policy=protect)
+    assert decisions.preemptions == []
+    assert codes(decisions)["a8"] != "waiting_for_preemption"
+
+
 def test_a_gang_takes_the_set_of_nodes_that_loses_the_least_work() -> None:
     # a's gang needs two whole nodes. b borrows a 2-node gang that has run 125 s (2,000
     # GPU-s) and two nodes of 1-GPU jobs that have run 100 s and 300 s each (800 and 2,400

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from allotment.scheduler.policy import compose
+from allotment.scheduler.victims import SparingCovered
 from allotment.sim.policies import PRESETS, UnknownPolicy, parse_policy, policy_flags
 
 
@@ -41,13 +42,27 @@ def test_oracle_modifier() -> None:
     assert parse_policy(" Default + Oracle ").name == "default+oracle"
 
 
-@pytest.mark.parametrize("name", ["fifo", "default+magic", "", "default+", "oracle"])
+def test_protect_modifier_composes_a_victim_rule_that_spares_covered_jobs() -> None:
+    policy = parse_policy("fair-share+protect")
+    assert policy.protect_covered and not policy.oracle
+    assert policy.borrowing and policy.reclaim and policy.fair_share
+    assert not parse_policy("fair-share").protect_covered
+    rule = compose(policy).victims
+    assert isinstance(rule, SparingCovered)
+    assert rule.inner is compose(parse_policy("fair-share")).victims
+    assert not isinstance(compose(parse_policy("default")).victims, SparingCovered)
+
+
+@pytest.mark.parametrize(
+    "name", ["fifo", "default+magic", "", "default+", "oracle", "protect", "oracle+protect"]
+)
 def test_unknown_names_list_the_known_ones(name: str) -> None:
     with pytest.raises(UnknownPolicy) as caught:
         parse_policy(name)
     for preset in PRESETS:
         assert preset in caught.value.message
     assert "+oracle" in caught.value.message
+    assert "+protect" in caught.value.message
 
 
 @pytest.mark.parametrize(

@@ -185,3 +185,48 @@ def test_progress_is_reported_per_thousand_arrivals(tiny_cluster: Cluster) -> No
         progress=lambda done, total: seen.append((done, total)),
     ).run()
     assert seen == [(1000, 2500), (2000, 2500)]
+
+
+GANG_BEHIND = """
+pools:
+  - {name: gpu}
+nodes:
+  - {name_prefix: n, count: 3, pool: gpu, capacity: {gpu: 8}}
+queues:
+  - name: org
+    children:
+      - {name: team-a, quota: {gpu: {gpu: 8}}}
+      - {name: team-d, quota: {gpu: {gpu: 16}}}
+"""
+"""Three 8-GPU nodes: team-a guaranteed one, team-d two."""
+
+GANG_BEHIND_WORK = [
+    job("a-first", 0, 1_000, "team-a", 8),
+    job("d-first", 0, 1_000, "team-d", 8),
+    # team-d's gang finds one whole node free, and no quota: it waits, and its queue's
+    # younger 1-GPU jobs start in the free node behind it.
+    replace(job("d-gang", 10, 20_000, "team-d", 8), replicas=2),
+    *(job(f"d-small-{k}", 20, 50_000, "team-d", 1) for k in range(4)),
+    # At 1,000 s the gang starts, borrowing 4 GPUs of team-a's idle guarantee; at 1,100 s
+    # team-a wants its node back.
+    job("a-back", 1_100, 1_000, "team-a", 8),
+]
+
+
+def test_protect_spares_a_gang_that_borrowed_only_because_younger_jobs_held_its_guarantee() -> None:
+    """By work lost alone, reclaim takes the gang (16 GPUs for 100 s, against four 1-GPU
+    jobs for 1,080 s each), though it is team-d's earliest work and its younger jobs are
+    what team-d borrows; on a busy fleet the gang is taken again each time it starts.
+    With ``protect`` the younger jobs go, and the gang runs to its end at once."""
+    cluster = load_cluster_text(GANG_BEHIND, source="gang-behind")
+    plain, spared = (
+        {j.job_id: j for j in replay(cluster, GANG_BEHIND_WORK, parse_policy(name)).jobs}
+        for name in ("fair-share", "fair-share+protect")
+    )
+    for result in (plain, spared):
+        assert result["a-back"].first_start == 1_100  # team-a's guarantee, at once
+    assert plain["d-gang"].preempted == 1
+    assert all(plain[f"d-small-{k}"].preempted == 0 for k in range(4))
+    assert spared["d-gang"].preempted == 0
+    assert spared["d-gang"].end == 1_000 + 20_000
+    assert sum(spared[f"d-small-{k}"].preempted for k in range(4)) == 4

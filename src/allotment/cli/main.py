@@ -133,7 +133,8 @@ def sim(
             "--policy",
             "-p",
             help="Policy to replay (repeat to compare): fifo-isolated, borrowing, fair-share, "
-            "backfill, default; combine with + (borrowing+backfill), add +oracle.",
+            "backfill, default; combine with + (borrowing+backfill), add +oracle or "
+            "+protect.",
         ),
     ] = None,
     time_scale: Annotated[

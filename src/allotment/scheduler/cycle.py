@@ -504,9 +504,7 @@ class _Cycle:
         check: QuotaCheck,
     ) -> None:
         state = self.state
-        borrowed = dict(check.borrowed)
-        if klass.borrow_only:
-            borrowed = dict(job.total())
+        borrowed = dict(job.total() if klass.borrow_only else check.borrowed)
         lenders = state.quota.lenders(queue.name, pool, borrowed) if borrowed else ()
         runtime = job.expected_runtime if job.expected_runtime is not None else job.max_runtime
         holder = state.new_holder(
@@ -517,6 +515,7 @@ class _Cycle:
             placements=placed.placements,
             total=job.total(),
             runtime=runtime,
+            submit_time=job.submit_time,
         )
         state.hold(holder)
         self.touched.add(pool)

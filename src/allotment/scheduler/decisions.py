@@ -40,6 +40,7 @@ class Admit:
             expected_end=None if job.expected_runtime is None else at + job.expected_runtime,
             max_end=None if job.max_runtime is None else at + job.max_runtime,
             preemptible=job.preemptible,
+            submit_time=job.submit_time,
         )
 
 

@@ -53,6 +53,7 @@ from allotment.scheduler.victims import (
     NoPreemption,
     PriorityAndReclaim,
     ReclaimOnly,
+    SparingCovered,
     VictimRule,
     WithinQueueOnly,
 )
@@ -398,7 +399,8 @@ _VICTIMS: dict[tuple[bool, bool], VictimRule] = {
     (True, False): WithinQueueOnly(),
     (True, True): PriorityAndReclaim(),
 }
-"""By (``preemption``, ``reclaim``)."""
+"""By (``preemption``, ``reclaim``); ``protect_covered`` wraps the rule in
+:class:`~allotment.scheduler.victims.SparingCovered`."""
 
 
 def compose(policy: SchedulerPolicy) -> Rules:
@@ -410,9 +412,12 @@ def compose(policy: SchedulerPolicy) -> Rules:
         line = BackfillFifo()
     else:
         line = StrictFifo()
+    victims = _VICTIMS[(policy.preemption, policy.reclaim)]
+    if policy.protect_covered:
+        victims = SparingCovered(victims)
     return Rules(
         order=FairShareOrder(policy.aging_horizon) if policy.fair_share else SubmitOrder(),
-        victims=_VICTIMS[(policy.preemption, policy.reclaim)],
+        victims=victims,
         quota=BorrowingQuota() if policy.borrowing else IsolatedQuota(),
         reservations=(
             Backfill(policy.max_reservations, policy.reserve_after if policy.reclaim else 0.0)

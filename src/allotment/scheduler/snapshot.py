@@ -56,6 +56,10 @@ class SchedulerPolicy:
     """How many victim searches one cycle may run (the rest wait for the next cycle)."""
     oracle: bool = False
     """Replay only: the scheduler is shown true durations as expected runtimes."""
+    protect_covered: bool = False
+    """Reclaim never takes the jobs that a borrowing queue's guarantee covers: its
+    earliest submitted running jobs, in submission order, while together they stay
+    within its nominal quota (:func:`~allotment.scheduler.victims.covered`)."""
 
 
 def by_fields(value: Any) -> tuple[Callable[..., Any], tuple[Any, ...]]:
@@ -202,6 +206,8 @@ class RunningJob:
     """Preempted or cancelled; its resources are still held until it is gone."""
     preemptible: bool = False
     """A victim even where its class is not preemptible (the spec's ``preemptible``)."""
+    submit_time: float | None = None
+    """When it was submitted (its place in its queue's line; None: its start time)."""
 
     def total(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -51,6 +51,8 @@ class Holder:
     """Which nodes it keeps to: the pool's owners' or its guests' (:meth:`CycleState.side`)."""
     preemptible: bool = False
     """A victim even where its class is not preemptible."""
+    submit_time: float = 0.0
+    """Its place in its queue's line (:func:`~allotment.scheduler.victims.covered`)."""
 
 
 class CycleState:
@@ -284,6 +286,7 @@ class CycleState:
             terminating=job.terminating,
             side=self.side(job.queue, job.pool),
             preemptible=job.preemptible,
+            submit_time=job.start_time if job.submit_time is None else job.submit_time,
         )
 
     def hold(self, holder: Holder) -> None:
@@ -318,6 +321,7 @@ class CycleState:
         placements: tuple[ReplicaPlacement, ...],
         total: Mapping[str, int],
         runtime: float | None,
+        submit_time: float,
     ) -> Holder:
         holder = Holder(
             id=job_id,
@@ -330,6 +334,7 @@ class CycleState:
             total=dict(total),
             fresh=True,
             side=self.side(queue, pool),
+            submit_time=submit_time,
         )
         self._fresh.append(holder)
         return holder

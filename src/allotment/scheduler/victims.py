@@ -163,6 +163,29 @@ def _others(
     return out
 
 
+def covered(state: CycleState, queue: str, pool: str, group: Mapping[str, Holder]) -> set[str]:
+    """The jobs of ``queue`` in ``pool`` (``group``) that its guarantee covers: its
+    earliest submitted ones, in submission order, while together they stay within its
+    nominal quota there (borrow-only and terminating jobs aside). What a queue borrows
+    is then its latest work: a job that had to borrow only because the queue's younger
+    jobs held its guarantee is not the one taken back."""
+    nominal = state.quota.nominal(queue, pool)
+    out: set[str] = set()
+    if not nominal:
+        return out
+    used: dict[str, int] = {}
+    for holder in sorted(group.values(), key=lambda h: (h.submit_time, h.id)):
+        if holder.terminating or holder.klass.borrow_only:
+            continue
+        for resource, amount in holder.total.items():
+            if resource in nominal:
+                used[resource] = used.get(resource, 0) + amount
+        if any(used.get(r, 0) > limit for r, limit in nominal.items()):
+            break
+        out.add(holder.id)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class _Victims:
     """A victim rule from its two switches."""
@@ -235,3 +258,42 @@ class PriorityAndReclaim(_Victims):
     OWN = True
     OTHERS = True
     MOVES = True
+
+
+@dataclass(frozen=True, slots=True)
+class SparingCovered:
+    """Another rule's victims, less the ones reclaim would take from work that a
+    borrowing queue's guarantee covers (:func:`covered`): what a queue borrows is its
+    latest work. The ``protect`` modifier of a preset."""
+
+    inner: VictimRule
+
+    def may_preempt(self, klass: PriorityClass) -> bool:
+        return self.inner.may_preempt(klass)
+
+    def may_reclaim(
+        self, state: CycleState, leaf: Queue, pool: str, total: Mapping[str, int]
+    ) -> bool:
+        return self.inner.may_reclaim(state, leaf, pool, total)
+
+    def may_move(self, state: CycleState, leaf: Queue, pool: str, lending: bool = False) -> bool:
+        return self.inner.may_move(state, leaf, pool, lending)
+
+    def candidates(
+        self,
+        state: CycleState,
+        leaf: Queue,
+        pool: str,
+        job_class: PriorityClass,
+        reclaim: bool,
+        borrowing: Callable[[str], bool],
+    ) -> list[Candidate]:
+        found = self.inner.candidates(state, leaf, pool, job_class, reclaim, borrowing)
+        queues = {holder.queue for holder, cause in found if cause == "reclaim"}
+        if not queues:
+            return found
+        groups = state.by_queue.get(pool, {})
+        kept: set[str] = set()
+        for queue in queues:
+            kept |= covered(state, queue, pool, groups.get(queue, {}))
+        return [item for item in found if item[1] != "reclaim" or item[0].id not in kept]

@@ -2,9 +2,12 @@
 
 A policy name is one preset or several joined by ``+``; the flags of the parts are OR-ed
 (``borrowing+backfill`` borrows *and* backfills, in the strict order that ``backfill``
-brings). ``oracle`` is a modifier: added to any preset (``default+oracle``) it shows the
-scheduler each job's true duration as its expected runtime, an upper bound on what
-runtime estimates can buy.
+brings). ``oracle`` and ``protect`` are modifiers. ``oracle``, added to any preset
+(``default+oracle``), shows the scheduler each job's true duration as its expected
+runtime, an upper bound on what runtime estimates can buy. ``protect``
+(``fair-share+protect``) keeps reclaim off the jobs that a borrowing queue's guarantee
+covers (its earliest submitted, within its nominal quota): what a queue borrows is its
+latest work (:func:`allotment.scheduler.victims.covered`).
 
 The flags are what a preset *says*; what the scheduler *does* with them is decided in one
 place, :func:`allotment.scheduler.policy.compose`, which turns them into one strategy per
@@ -46,7 +49,7 @@ PRESETS: dict[str, frozenset[str]] = {
   ``PriorityAndReclaim``, ``BorrowingQuota``, ``Backfill``, ``BestEffortFifo``.
 """
 
-MODIFIERS = ("oracle",)
+MODIFIERS = ("oracle", "protect")
 
 DESCRIPTIONS: dict[str, str] = {
     "fifo-isolated": "own quota only, strict FIFO, no preemption",
@@ -55,6 +58,7 @@ DESCRIPTIONS: dict[str, str] = {
     "backfill": "fifo-isolated + backfill",
     "default": "everything on: borrowing, reclaim, preemption, fair share, backfill",
     "oracle": "modifier: the scheduler sees true durations as expected runtimes",
+    "protect": "modifier: reclaim spares the jobs a borrowing queue's guarantee covers",
 }
 
 
@@ -67,7 +71,8 @@ class UnknownPolicy(InvalidInput):
         known = ", ".join(PRESETS)
         super().__init__(
             f"unknown policy {name!r}: {why}; known policies: {known}; combine them with + "
-            "(e.g. borrowing+backfill) and add +oracle to show the scheduler true durations",
+            "(e.g. borrowing+backfill), add +oracle to show the scheduler true durations "
+            "and +protect to spare a borrowing queue's earliest work from reclaim",
             fields={"policy": name, "known": list(PRESETS)},
         )
 
@@ -75,27 +80,33 @@ class UnknownPolicy(InvalidInput):
 def parse_policy(name: str) -> SchedulerPolicy:
     """Build the :class:`SchedulerPolicy` that ``name`` stands for (``name`` kept as given).
 
-    Raises :class:`UnknownPolicy` for an unknown part, an empty part, or ``oracle`` alone.
+    Raises :class:`UnknownPolicy` for an unknown part, an empty part, or a modifier alone.
     """
     text = name.strip().lower()
     parts = [p.strip() for p in text.split("+")]
     if not text or any(not p for p in parts):
         raise UnknownPolicy(name, "empty name or empty part")
     flags: set[str] = set()
-    oracle = False
+    modifiers: set[str] = set()
     presets = 0
     for part in parts:
-        if part == "oracle":
-            oracle = True
+        if part in MODIFIERS:
+            modifiers.add(part)
         elif part in PRESETS:
             flags |= PRESETS[part]
             presets += 1
         else:
             raise UnknownPolicy(name, f"{part!r} is not a preset")
     if presets == 0:
-        raise UnknownPolicy(name, "oracle is a modifier; add it to a preset, e.g. default+oracle")
+        which = "+".join(sorted(modifiers))
+        raise UnknownPolicy(name, f"{which} modifies a preset; add it to one, e.g. default+{which}")
     values: dict[str, bool] = {flag: flag in flags for flag in FLAGS}
-    return SchedulerPolicy(name="+".join(parts), oracle=oracle, **values)
+    return SchedulerPolicy(
+        name="+".join(parts),
+        oracle="oracle" in modifiers,
+        protect_covered="protect" in modifiers,
+        **values,
+    )
 
 
 def policy_flags(policy: SchedulerPolicy) -> dict[str, bool]:

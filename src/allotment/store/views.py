@@ -55,6 +55,7 @@ def running_of(job: Job, attempt: Attempt, cluster: Cluster) -> RunningJob:
         ),
         max_end=None if pending.max_runtime is None else start + pending.max_runtime,
         preemptible=pending.preemptible,
+        submit_time=job.submit_time,
     )
 
 
