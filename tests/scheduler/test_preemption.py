@@ -355,10 +355,11 @@ def test_with_protect_reclaim_spares_the_work_a_borrowing_queues_guarantee_cover
 
 
 def test_with_protect_a_queue_owed_room_only_covered_work_holds_waits() -> None:
-    # b holds exactly its guarantee but for one GPU: its 2-node gang (covered) and a
-    # 1-GPU job on the third node, submitted first (covered too: 1 + 16 = 17 > 16, so the
-    # gang is not). a needs a whole node: only the gang's nodes could be freed, and the
-    # gang is what b borrows, so it goes; were it covered, a would wait.
+    # b is guaranteed 16 GPUs and holds 17: a 2-node gang, and a 1-GPU job on the third
+    # node beside c's jobs (within c's guarantee). a needs a whole node, and only the
+    # gang's could be freed. Submitted first, the 1-GPU job is what b's guarantee covers
+    # (1 GPU; 1 + 16 > 16): the gang is what b borrows, and it goes. Submitted first, the
+    # gang is covered, and what b borrows, the 1-GPU job, frees no node: a waits.
     cluster = owed_a_gang(nodes=3, b_gpus=16)
     gang = running("b-gang", "b", {"a100-00": 8, "a100-01": 8}, gpu=8, start=NOW - 60)
     small = running("b-small", "b", "a100-02", start=NOW - 7200)
@@ -372,7 +373,7 @@ def test_with_protect_a_queue_owed_room_only_covered_work_holds_waits() -> None:
     gang_first = [replace(gang, submit_time=NOW - 9000), replace(small, submit_time=NOW - 8000)]
     decisions = cycle(cluster, waiting, [*gang_first, *c_jobs], policy=protect)
     assert decisions.preemptions == []
-    assert codes(decisions)["a8"] != "waiting_for_preemption"
+    assert codes(decisions) == {"a8": "no_node_fits"}
 
 
 def test_a_gang_takes_the_set_of_nodes_that_loses_the_least_work() -> None:
