@@ -526,6 +526,36 @@ def test_a_gang_is_not_given_room_by_moving_other_queues_jobs() -> None:
     assert codes(decisions) != {"gang": "waiting_for_preemption"}
 
 
+def test_with_protect_a_gang_owed_its_guarantee_moves_any_queues_small_jobs() -> None:
+    # Four 8-GPU nodes. b (8 guaranteed) holds a gang of 2 x 4 GPUs on a100-00 and -01
+    # that it submitted first, so its guarantee covers it, and borrows 4 GPUs with a job
+    # it submitted later, on a100-02 beside c's 4-GPU job; c (8) has a 2-GPU job on
+    # a100-03 as well. a's gang of two whole nodes is owed its guarantee. Taking b's
+    # young gang frees two nodes at once, and so it goes without protect. With protect
+    # it is spared: b's borrowed job is reclaimed and c's two jobs, another queue's,
+    # restart beside b's gang, where they fit at once; a's gang gets a100-02 and -03.
+    cluster = owed_a_gang(nodes=4, b_gpus=8)
+    runs = [
+        replace(
+            running("b-gang", "b", {"a100-00": 4, "a100-01": 4}, gpu=4, start=NOW - 60),
+            submit_time=NOW - 9000,
+        ),
+        replace(running("b-lent", "b", "a100-02", gpu=4, start=NOW - 7200), submit_time=NOW - 8000),
+        running("c-four", "c", "a100-02", gpu=4, first_device=4, start=NOW - 60),
+        running("c-two", "c", "a100-03", gpu=2, start=NOW - 60),
+    ]
+    waiting = [job("gang", "a", gpu=8, replicas=2)]
+    assert victims(cycle(cluster, waiting, runs)) == {"gang": ["b-gang"]}
+    decisions = cycle(cluster, waiting, runs, policy=SchedulerPolicy(protect_covered=True))
+    (preempt,) = decisions.preemptions
+    assert {v.job: v.cause for v in preempt.victims} == {
+        "b-lent": "reclaim",
+        "c-four": "move",
+        "c-two": "move",
+    }
+    assert codes(decisions) == {"gang": "waiting_for_preemption"}
+
+
 def test_a_gang_moves_its_own_queues_small_jobs_to_get_whole_nodes() -> None:
     # Four 8-GPU nodes. a (24 guaranteed) holds 3 GPUs: a 1-GPU job on each of a100-00,
     # -01 and -02, so no two nodes are whole even with every borrower gone. b (8

@@ -24,7 +24,10 @@ A gang moves only its own queue's jobs: its queue's small jobs spread over the n
 are what keeps it from whole nodes where it is owed its guarantee (on Philly, most
 guarantee shortfalls), while moving other queues' jobs for it would restart jobs on
 several nodes at once, which on gang-heavy workloads of short jobs cost the other jobs
-more waiting than it saved the gang (measured in the README, "Moves").
+more waiting than it saved the gang (measured in the README, "Moves"). Under the
+``protect`` modifier (:class:`~allotment.scheduler.victims.SparingCovered`) a gang moves
+any queue's one-replica jobs: reclaim there never takes a borrowing queue's covered
+gang, which would otherwise have freed whole nodes at once.
 """
 
 from __future__ import annotations

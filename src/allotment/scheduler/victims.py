@@ -45,6 +45,11 @@ class VictimRule(Protocol):
         take part of it (:mod:`allotment.scheduler.borrower_turn`)."""
         ...
 
+    def gangs_move_any_queue(self) -> bool:
+        """Whether a gang's moves (:meth:`may_move`) may restart any queue's one-replica
+        jobs, not only its own queue's."""
+        ...
+
     def candidates(
         self,
         state: CycleState,
@@ -214,6 +219,9 @@ class _Victims:
             and (lending or state.quota.lent_out(leaf.name, pool))
         )
 
+    def gangs_move_any_queue(self) -> bool:
+        return False
+
     def candidates(
         self,
         state: CycleState,
@@ -264,7 +272,12 @@ class PriorityAndReclaim(_Victims):
 class SparingCovered:
     """Another rule's victims, less the ones reclaim would take from work that a
     borrowing queue's guarantee covers (:func:`covered`): what a queue borrows is its
-    latest work. The ``protect`` modifier of a preset."""
+    latest work. The ``protect`` modifier of a preset.
+
+    Where the other rule moves jobs, a gang's moves may restart any queue's one-replica
+    jobs: a borrowing queue's covered gang no longer gives an owner its whole nodes, and
+    moving the small jobs that keep other nodes from being whole is then the one way
+    left to honour the owner's guarantee."""
 
     inner: VictimRule
 
@@ -278,6 +291,9 @@ class SparingCovered:
 
     def may_move(self, state: CycleState, leaf: Queue, pool: str, lending: bool = False) -> bool:
         return self.inner.may_move(state, leaf, pool, lending)
+
+    def gangs_move_any_queue(self) -> bool:
+        return True
 
     def candidates(
         self,
