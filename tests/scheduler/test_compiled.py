@@ -115,6 +115,7 @@ def test_compiled_and_sources_decide_alike(tmp_path: Path) -> None:
         "backfill",
         "default",
         "fair-share+protect",
+        "default+protect",
     ]
     results = {}
     for pure in (False, True):
