@@ -404,45 +404,71 @@ def three_queues(*, nodes: int, a_gpus: int) -> Cluster:
     )
 
 
-def scattered(*, c_prio: str = "training") -> tuple[Cluster, list[RunningJob]]:
-    """Three 8-GPU nodes. ``a`` (8 GPUs guaranteed) holds nothing; ``b`` (4) borrows 4
-    beyond its guarantee; ``c`` (12) holds 9, within it, spread over every node, so that
-    no node is freed by taking ``b``'s jobs alone."""
+def two_queues(*, nodes: int, a_gpus: int) -> Cluster:
+    """8-GPU nodes in one pool; ``a`` guaranteed ``a_gpus`` and ``b`` 4."""
+    return (
+        ClusterBuilder()
+        .pool("a100", nodes=nodes)
+        .leaf("a", quota={"a100": {"gpu": a_gpus}})
+        .leaf("b", quota={"a100": {"gpu": 4}})
+        .build()
+    )
+
+
+def scattered(*, small: str = "c", prio: str = "training") -> tuple[Cluster, list[RunningJob]]:
+    """Three 8-GPU nodes. ``b`` (4 GPUs guaranteed) borrows 4 beyond its guarantee;
+    ``small`` (``c``, 12 guaranteed, or ``a`` itself) holds 9 GPUs in 1-GPU jobs spread
+    over every node, within its guarantee, so that no node is freed by taking ``b``'s
+    jobs alone; the first of them, on a100-00, is of class ``prio``. ``a`` is guaranteed
+    8 GPUs (20 where the small jobs are its own) and asks for a whole node."""
     cluster = three_queues(nodes=3, a_gpus=8)
+    if small == "a":
+        cluster = two_queues(nodes=3, a_gpus=20)
     runs = [
-        running("c0", "c", "a100-00", start=NOW - 60, prio=c_prio),
+        running(f"{small}0", small, "a100-00", start=NOW - 60, prio=prio),
         running("b0", "b", "a100-00", gpu=4, first_device=1),
-        running("c1", "c", "a100-01", start=NOW - 3600),
-        running("c2", "c", "a100-01", start=NOW - 3600, first_device=1),
+        running(f"{small}1", small, "a100-01", start=NOW - 3600),
+        running(f"{small}2", small, "a100-01", start=NOW - 3600, first_device=1),
         running("b1", "b", "a100-01", gpu=4, first_device=2),
     ]
     runs += [
-        running(f"c{3 + i}", "c", "a100-02", first_device=i, start=NOW - 7200) for i in range(6)
+        running(f"{small}{3 + i}", small, "a100-02", first_device=i, start=NOW - 7200)
+        for i in range(6)
     ]
     return cluster, runs
 
 
-def test_an_owed_job_moves_a_small_job_that_fits_again_elsewhere() -> None:
-    # a asks for a whole node. Evicting b's jobs frees none (c's jobs are on every node),
-    # but with b0 gone, c0 (run a minute) fits on a100-01 or a100-02, each with two GPUs
-    # free: c0 is moved and a100-00 is a's.
-    cluster, runs = scattered()
-    decisions = cycle(cluster, [job("a1", "a", gpu=8)], runs)
-    assert victims(decisions) == {"a1": ["b0", "c0"]}
+def test_an_owed_job_moves_a_small_job_of_its_queue_that_fits_again_elsewhere() -> None:
+    # a asks for a whole node. Evicting b's jobs frees none (a's own jobs are on every
+    # node), but with b0 gone, a0 (run a minute) fits on a100-01 or a100-02, each with
+    # two GPUs free: a0 is moved and a100-00 is the new job's.
+    cluster, runs = scattered(small="a")
+    decisions = cycle(cluster, [job("new", "a", gpu=8)], runs)
+    assert victims(decisions) == {"new": ["a0", "b0"]}
     causes = {v.job: v.cause for v in decisions.preemptions[0].victims}
-    assert causes == {"b0": "reclaim", "c0": "move"}
-    moved = next(v for v in decisions.preemptions[0].victims if v.job == "c0")
-    assert moved.message.startswith("moved for a1 (queue a): restarted on another node")
-    assert codes(decisions) == {"a1": "waiting_for_preemption"}
+    assert causes == {"b0": "reclaim", "a0": "move"}
+    moved = next(v for v in decisions.preemptions[0].victims if v.job == "a0")
+    assert moved.message.startswith("moved for new (queue a): restarted on another node")
+    assert codes(decisions) == {"new": "waiting_for_preemption"}
     assert decisions.preemptions[0].reason.detail["causes"] == ["move", "reclaim"]
 
 
-def test_a_job_of_a_higher_priority_is_never_moved() -> None:
-    # c0 outranks a's job: a100-01 is freed instead (b1 taken back, c1 and c2 moved to
-    # a100-00, where b0 stays), though c1 and c2 have run an hour.
-    cluster, runs = scattered(c_prio="key-project")
+def test_an_owed_job_never_moves_a_job_another_queue_runs_within_its_guarantee() -> None:
+    # The same, but the small jobs on every node are c's, within c's guarantee: a
+    # tenant does not pay for another's guarantee with restarts. Nothing that may be
+    # taken frees a node; a waits for one of them to end.
+    cluster, runs = scattered()
     decisions = cycle(cluster, [job("a1", "a", gpu=8)], runs)
-    assert victims(decisions) == {"a1": ["b1", "c1", "c2"]}
+    assert decisions.preemptions == []
+    assert codes(decisions) == {"a1": "no_node_fits"}
+
+
+def test_a_job_of_a_higher_priority_is_never_moved() -> None:
+    # a0 outranks the new job: a100-01 is freed instead (b1 taken back, a1 and a2 moved
+    # to a100-00, where b0 stays), though a1 and a2 have run an hour.
+    cluster, runs = scattered(small="a", prio="key-project")
+    decisions = cycle(cluster, [job("new", "a", gpu=8)], runs)
+    assert victims(decisions) == {"new": ["a1", "a2", "b1"]}
 
 
 def test_moves_only_where_preemption_and_reclaim_are_both_on() -> None:
@@ -455,35 +481,37 @@ def test_moves_only_where_preemption_and_reclaim_are_both_on() -> None:
 
 
 def test_a_moved_job_comes_back_first_to_the_room_it_was_promised() -> None:
-    # As above, c0 is moved for a1. It comes back while two 2-GPU jobs of its own queue,
-    # submitted before it, wait for the only two holes of two GPUs (c may hold 12, and
-    # holds 8 without c0): first in line, they would take both and leave c0 waiting.
-    # c0 is tried first (after a1) and restarts at once; one of them takes the other
-    # hole.
-    cluster, runs = scattered()
+    # As above, a0 is moved for the new job. It comes back while two 2-GPU jobs of its
+    # queue, submitted before it, wait for the only two holes of two GPUs: first in
+    # line, they would take both and leave a0 waiting. a0 is tried first (after the new
+    # job) and restarts at once; one of them takes the other hole.
+    cluster, runs = scattered(small="a")
     session = Session.from_snapshot(
-        Snapshot(now=NOW, cluster=cluster, pending=[job("a1", "a", gpu=8)], running=runs)
+        Snapshot(now=NOW, cluster=cluster, pending=[job("new", "a", gpu=8)], running=runs)
     )
     decisions = session.cycle(NOW)
-    assert victims(decisions) == {"a1": ["b0", "c0"]}
-    for victim in ("b0", "c0"):
+    assert victims(decisions) == {"new": ["a0", "b0"]}
+    for victim in ("b0", "a0"):
         session.gone(victim)
-    session.submit(job("c-x", "c", gpu=2, submit=NOW - 600))
-    session.submit(job("c-y", "c", gpu=2, submit=NOW - 590))
-    session.submit(job("c0", "c", gpu=1, submit=NOW - 60))
-    returned = session.pending_job("c0")
+    session.submit(job("a-x", "a", gpu=2, submit=NOW - 600))
+    session.submit(job("a-y", "a", gpu=2, submit=NOW - 590))
+    session.submit(job("a0", "a", gpu=1, submit=NOW - 60))
+    returned = session.pending_job("a0")
     assert returned is not None and returned.moved
     after = session.cycle(NOW + 1)
-    assert admitted(after) == ["a1", "c0", "c-x"]
+    assert admitted(after) == ["new", "a0", "a-x"]
     assert not any(j.moved or j.preempting for j in session.pending())
 
 
-def spread_borrower() -> tuple[Cluster, list[RunningJob]]:
-    """Four 8-GPU nodes. ``c`` (12 guaranteed) has three 1-GPU jobs on every node; ``b``
-    (4) borrows 2 of ``a``'s 16: two 2-GPU jobs on a100-00 and one GPU on a100-01 and
-    a100-02. What is on a100-00 started ten seconds ago (the cheapest to restart); the
-    rest has run two hours. ``a`` holds nothing."""
+def spread_borrower(small: str = "c") -> tuple[Cluster, list[RunningJob]]:
+    """Four 8-GPU nodes. ``small`` (``c``, 12 guaranteed, or ``a``) has three 1-GPU jobs
+    on every node; ``b`` (4) borrows 2 of ``a``'s 16 (28 where the small jobs are
+    ``a``'s, and there is no ``c``): two 2-GPU jobs on a100-00 and one GPU on a100-01
+    and a100-02. What is on a100-00 started ten seconds ago (the cheapest to restart);
+    the rest has run two hours."""
     cluster = three_queues(nodes=4, a_gpus=16)
+    if small == "a":
+        cluster = two_queues(nodes=4, a_gpus=28)
     new, old = NOW - 10, NOW - 7200
     runs = [
         running("b00", "b", "a100-00", gpu=2, start=new),
@@ -495,7 +523,11 @@ def spread_borrower() -> tuple[Cluster, list[RunningJob]]:
         first = {0: 4, 1: 1, 2: 1, 3: 0}[n]
         runs += [
             running(
-                f"c{n}{i}", "c", f"a100-0{n}", first_device=first + i, start=new if n == 0 else old
+                f"{small}{n}{i}",
+                small,
+                f"a100-0{n}",
+                first_device=first + i,
+                start=new if n == 0 else old,
             )
             for i in range(3)
         ]
@@ -506,8 +538,8 @@ def test_a_move_never_takes_a_borrower_back_within_its_guarantee() -> None:
     # a asks for a whole node. a100-00 would be the cheapest to clear, but only by
     # taking both of b's jobs there, and b is back at its guarantee after the first:
     # it would be owed in turn. Another node is cleared instead, b keeping its 4 GPUs.
-    cluster, runs = spread_borrower()
-    decisions = cycle(cluster, [job("a1", "a", gpu=8)], runs)
+    cluster, runs = spread_borrower(small="a")
+    decisions = cycle(cluster, [job("new", "a", gpu=8)], runs)
     (preempt,) = decisions.preemptions
     taken = {v.job for v in preempt.victims}
     assert not taken & {"b00", "b01"}

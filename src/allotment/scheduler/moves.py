@@ -9,10 +9,10 @@ those small jobs end on one node. Where the victim rule allows moves
 (:meth:`~allotment.scheduler.victims.VictimRule.may_move`: other queues hold part of
 the guarantee, or one is about to, :mod:`allotment.scheduler.borrower_turn`), a job
 owed its guarantee in a pool whose ordinary victim search failed may also take, from
-the node each of its replicas needs, running one-replica jobs of a priority no higher
-than its own (cause ``move``), each only if it fits again at once on another node of
-the same pool that no replica takes (where borrowers may be reclaimed to make room for
-it), its queue's quota unchanged; the node's borrowers go as in reclaim, each only
+the node each of its replicas needs, its own queue's running one-replica jobs of a
+priority no higher than its own (cause ``move``), each only if it fits again at once on
+another node of the same pool that no replica takes (where borrowers may be reclaimed to
+make room for it), its queue's quota unchanged; the node's borrowers go as in reclaim, each only
 while its queue still borrows (else that queue would be owed in turn). The moved jobs
 are requeued like any victim and restart from the beginning (their progress is lost, as
 with every preemption), so the nodes whose victims lose the least work are taken (GPUs
@@ -20,14 +20,14 @@ times time run); when they come back they are tried first
 (:class:`~allotment.scheduler.session.MovedJobs`). KAI-Scheduler's consolidation works
 the same way: evict only what can be placed again at once.
 
-A gang moves only its own queue's jobs: its queue's small jobs spread over the nodes
-are what keeps it from whole nodes where it is owed its guarantee (on Philly, most
-guarantee shortfalls), while moving other queues' jobs for it would restart jobs on
-several nodes at once, which on gang-heavy workloads of short jobs cost the other jobs
-more waiting than it saved the gang (measured in the README, "Moves"). Under the
-``protect`` modifier (:class:`~allotment.scheduler.victims.SparingCovered`) a gang moves
-any queue's one-replica jobs: reclaim there never takes a borrowing queue's covered
-gang, which would otherwise have freed whole nodes at once.
+Only the owed queue's own jobs move: its small jobs spread over the nodes are what
+keeps it from room where it is owed its guarantee (on Philly, all of the moves), while
+restarting another queue's job that runs within that queue's guarantee would make a
+tenant pay for another's guarantee, and on gang-heavy workloads cost the other jobs
+more waiting than it saved (measured in the README, "Moves"). Under the ``protect``
+modifier (:class:`~allotment.scheduler.victims.SparingCovered`) any queue's one-replica
+jobs move: reclaim there never takes a borrowing queue's covered gang, which would
+otherwise have freed whole nodes at once.
 """
 
 from __future__ import annotations

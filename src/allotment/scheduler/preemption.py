@@ -23,9 +23,9 @@ first, each node's victims together (one by one, a gang's victims may be spread 
 many nodes, and a borrower's queue be back within its guarantee before any node is
 whole again); of the two sets, it takes the one that loses less work. A one-replica job
 compares the nodes that could be freed for it (:func:`_on_one_node`). Where all of this
-fails for a job owed its guarantee and the rule allows moves, jobs that fit again at once
-elsewhere in the pool may be taken too, for a gang only its own queue's unless the rule
-says any queue's (:mod:`allotment.scheduler.moves`).
+fails for a job owed its guarantee and the rule allows moves, its own queue's jobs that
+fit again at once elsewhere in the pool may be taken too, any queue's where the rule says
+so (:mod:`allotment.scheduler.moves`).
 """
 
 from __future__ import annotations
@@ -122,8 +122,8 @@ def victim_candidates(
     movable: Callable[[Holder], bool] | None = None
     if reclaim_ok and rule.may_move(state, leaf, pool, lending):
         value = job_class.value
-        # A gang moves only its own queue's jobs, unless the rule says any (moves.py).
-        own = leaf.name if job.replica_count > 1 and not rule.gangs_move_any_queue() else None
+        # Only the queue's own jobs are moved, unless the rule says any (moves.py).
+        own = None if rule.moves_any_queue() else leaf.name
 
         def movable(holder: Holder) -> bool:
             # No higher a priority than the job's, nothing chosen already this cycle.

@@ -45,9 +45,9 @@ class VictimRule(Protocol):
         take part of it (:mod:`allotment.scheduler.borrower_turn`)."""
         ...
 
-    def gangs_move_any_queue(self) -> bool:
-        """Whether a gang's moves (:meth:`may_move`) may restart any queue's one-replica
-        jobs, not only its own queue's."""
+    def moves_any_queue(self) -> bool:
+        """Whether moves (:meth:`may_move`) may restart any queue's one-replica jobs, not
+        only those of the queue owed its guarantee."""
         ...
 
     def candidates(
@@ -219,7 +219,7 @@ class _Victims:
             and (lending or state.quota.lent_out(leaf.name, pool))
         )
 
-    def gangs_move_any_queue(self) -> bool:
+    def moves_any_queue(self) -> bool:
         return False
 
     def candidates(
@@ -274,10 +274,10 @@ class SparingCovered:
     borrowing queue's guarantee covers (:func:`covered`): what a queue borrows is its
     latest work. The ``protect`` modifier of a preset.
 
-    Where the other rule moves jobs, a gang's moves may restart any queue's one-replica
-    jobs: a borrowing queue's covered gang no longer gives an owner its whole nodes, and
-    moving the small jobs that keep other nodes from being whole is then the one way
-    left to honour the owner's guarantee."""
+    Where the other rule moves jobs, moves may restart any queue's one-replica jobs: a
+    borrowing queue's covered gang no longer gives an owner its whole nodes, and moving
+    the small jobs that keep other nodes from being whole is then the one way left to
+    honour the owner's guarantee."""
 
     inner: VictimRule
 
@@ -292,7 +292,7 @@ class SparingCovered:
     def may_move(self, state: CycleState, leaf: Queue, pool: str, lending: bool = False) -> bool:
         return self.inner.may_move(state, leaf, pool, lending)
 
-    def gangs_move_any_queue(self) -> bool:
+    def moves_any_queue(self) -> bool:
         return True
 
     def candidates(

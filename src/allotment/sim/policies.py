@@ -8,7 +8,7 @@ runtime, an upper bound on what runtime estimates can buy. ``protect``
 (``fair-share+protect``) keeps reclaim off the jobs that a borrowing queue's guarantee
 covers (its earliest submitted, within its nominal quota): what a queue borrows is its
 latest work (:func:`allotment.scheduler.victims.covered`); where the preset moves jobs
-(``default+protect``), a gang owed its guarantee may move any queue's small jobs.
+(``default+protect``), a job owed its guarantee may move any queue's small jobs.
 
 The flags are what a preset *says*; what the scheduler *does* with them is decided in one
 place, :func:`allotment.scheduler.policy.compose`, which turns them into one strategy per
