@@ -394,24 +394,20 @@ def test_a_gang_takes_the_set_of_nodes_that_loses_the_least_work() -> None:
 
 def three_queues(*, nodes: int, a_gpus: int) -> Cluster:
     """8-GPU nodes in one pool; ``a`` guaranteed ``a_gpus``, ``b`` 4 and ``c`` 12."""
-    return (
-        ClusterBuilder()
-        .pool("a100", nodes=nodes)
-        .leaf("a", quota={"a100": {"gpu": a_gpus}})
-        .leaf("b", quota={"a100": {"gpu": 4}})
-        .leaf("c", quota={"a100": {"gpu": 12}})
-        .build()
-    )
+    return _a_and_b(nodes, a_gpus).leaf("c", quota={"a100": {"gpu": 12}}).build()
 
 
 def two_queues(*, nodes: int, a_gpus: int) -> Cluster:
     """8-GPU nodes in one pool; ``a`` guaranteed ``a_gpus`` and ``b`` 4."""
+    return _a_and_b(nodes, a_gpus).build()
+
+
+def _a_and_b(nodes: int, a_gpus: int) -> ClusterBuilder:
     return (
         ClusterBuilder()
         .pool("a100", nodes=nodes)
         .leaf("a", quota={"a100": {"gpu": a_gpus}})
         .leaf("b", quota={"a100": {"gpu": 4}})
-        .build()
     )
 
 

@@ -12,8 +12,8 @@ owed its guarantee in a pool whose ordinary victim search failed may also take, 
 the node each of its replicas needs, its own queue's running one-replica jobs of a
 priority no higher than its own (cause ``move``), each only if it fits again at once on
 another node of the same pool that no replica takes (where borrowers may be reclaimed to
-make room for it), its queue's quota unchanged; the node's borrowers go as in reclaim, each only
-while its queue still borrows (else that queue would be owed in turn). The moved jobs
+make room for it), its queue's quota unchanged; the node's borrowers go as in reclaim,
+each only while its queue still borrows (else that queue would be owed in turn). The moved jobs
 are requeued like any victim and restart from the beginning (their progress is lost, as
 with every preemption), so the nodes whose victims lose the least work are taken (GPUs
 times time run); when they come back they are tried first

@@ -59,7 +59,8 @@ DESCRIPTIONS: dict[str, str] = {
     "backfill": "fifo-isolated + backfill",
     "default": "everything on: borrowing, reclaim, preemption, fair share, backfill",
     "oracle": "modifier: the scheduler sees true durations as expected runtimes",
-    "protect": "modifier: reclaim spares the jobs a borrowing queue's guarantee covers",
+    "protect": "modifier: reclaim spares the jobs a borrowing queue's guarantee covers "
+    "(and moves may take any queue's small jobs)",
 }
 
 
