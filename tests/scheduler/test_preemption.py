@@ -683,3 +683,105 @@ def test_a_borrower_still_takes_room_an_owed_job_could_not_get_by_moves() -> Non
     )
     assert decisions.preemptions == []
     assert admitted(decisions) == ["a-small"]
+
+
+def borrowed_pool(nodes: int, a_gpus: int, c_gpus: int = 0) -> tuple[Cluster, list[RunningJob]]:
+    """Pool a100 (``nodes`` 8-GPU nodes) guarantees ``a_gpus`` to a (and ``c_gpus`` to
+    c); pool v100 (one 8-GPU node) is b's and full, so b's jobs in a100 borrow."""
+    builder = (
+        ClusterBuilder()
+        .pool("a100", nodes=nodes)
+        .pool("v100", nodes=1)
+        .leaf("a", quota={"a100": {"gpu": a_gpus}})
+        .leaf("b", quota={"v100": {"gpu": 8}})
+    )
+    if c_gpus:
+        builder = builder.leaf("c", quota={"a100": {"gpu": c_gpus}})
+    return builder.build(), [running("b-own", "b", "v100-00", gpu=8)]
+
+
+def test_an_owed_job_moves_another_of_its_jobs_when_the_cheapest_fits_nowhere_else() -> None:
+    # Pool a100, three 8-GPU nodes, is a's (24 guaranteed). b, its own pool full,
+    # borrows 4 GPUs there: two 1-GPU jobs beside a's 2- and 4-GPU jobs on each of
+    # a100-00 and -01. a100-02 holds two 4-GPU jobs of a's. a's 4-GPU job is owed its
+    # guarantee (20 + 4 <= 24), but no node has 4 GPUs free even with every borrower
+    # gone. On a100-00 the cheapest job to move is the 4-GPU one (an hour run), and it
+    # fits on no other node; moving the 2-GPU one (three hours) instead does: with b's
+    # two jobs there gone, a100-00 has four GPUs free for the new job, and the 2-GPU job
+    # fits where b's two on a100-01 leave room.
+    cluster, runs = borrowed_pool(3, a_gpus=24)
+    for n in (0, 1):
+        node = f"a100-0{n}"
+        runs += [
+            running(f"a-two{n}", "a", node, gpu=2, start=NOW - 3 * 3600),
+            running(f"a-four{n}", "a", node, gpu=4, first_device=2, start=NOW - 3600),
+            running(f"b{n}0", "b", node, first_device=6),
+            running(f"b{n}1", "b", node, first_device=7),
+        ]
+    runs += [running(f"a-full{i}", "a", "a100-02", gpu=4, first_device=4 * i) for i in (0, 1)]
+    decisions = cycle(cluster, [job("new", "a", gpu=4)], runs)
+    (preempt,) = decisions.preemptions
+    assert {v.job: v.cause for v in preempt.victims} == {
+        "a-two0": "move",
+        "b00": "reclaim",
+        "b01": "reclaim",
+        "b10": "reclaim",
+        "b11": "reclaim",
+    }
+    assert codes(decisions) == {"new": "waiting_for_preemption"}
+
+
+def test_a_moved_job_may_get_its_room_by_moving_another_job_of_the_queue() -> None:
+    # Pool a100, three 8-GPU nodes: a is guaranteed 13 GPUs, c 11 (all of them held: a
+    # 4-GPU job on a100-01, a 7-GPU one on a100-02). b, its own pool full, borrows 4 GPUs
+    # in 1-GPU jobs on a100-00 beside a's 4-GPU job x; a's 1-GPU job y is on a100-01.
+    # a's whole-node job is owed its guarantee (5 + 8 <= 13). Only a100-00 can be
+    # freed: x must go elsewhere, and no node has 4 GPUs free even with b's jobs gone.
+    # But a100-01 has, once y moves to the GPU free on a100-02: a chain of two moves.
+    cluster, runs = borrowed_pool(3, a_gpus=13, c_gpus=11)
+    runs += [
+        running("x", "a", "a100-00", gpu=4),
+        running("c4", "c", "a100-01", gpu=4),
+        running("y", "a", "a100-01", first_device=4),
+        running("c7", "c", "a100-02", gpu=7),
+    ]
+    runs += [running(f"b{i}", "b", "a100-00", first_device=4 + i) for i in range(4)]
+    decisions = cycle(cluster, [job("new", "a", gpu=8)], runs)
+    (preempt,) = decisions.preemptions
+    assert {v.job: v.cause for v in preempt.victims} == {
+        "x": "move",
+        "y": "move",
+        **dict.fromkeys((f"b{i}" for i in range(4)), "reclaim"),
+    }
+    assert codes(decisions) == {"new": "waiting_for_preemption"}
+
+
+def test_a_job_moved_for_one_replica_of_a_gang_leaves_room_reclaim_frees_for_another() -> None:
+    # Pool a100, four 8-GPU nodes, is a's (32 guaranteed); b, its own pool full, borrows
+    # there. a's gang of two whole nodes is owed its guarantee (16 + 16 <= 32). Reclaim
+    # alone clears a100-01 (b's two jobs; one GPU free beside them). a100-00, cheaper,
+    # holds b's jobs that started a minute ago and a 1-GPU job of a's, which must move:
+    # placed where it fits as things are, on a100-01's free GPU, it would leave no second
+    # node for the gang (a's other jobs, of a higher priority, never move). It goes to
+    # a100-02 instead, where b's 1-GPU job is reclaimed for it.
+    cluster, runs = borrowed_pool(4, a_gpus=32)
+    old, new = NOW - 7200, NOW - 60
+    runs += [
+        running("b00", "b", "a100-00", start=new),
+        running("b01", "b", "a100-00", first_device=1, start=new),
+        running("b02", "b", "a100-00", gpu=4, first_device=2, start=new),
+        running("a-one", "a", "a100-00", first_device=6, start=NOW - 120),
+        running("b03", "b", "a100-00", first_device=7, start=new),
+        running("b10", "b", "a100-01", gpu=4, start=old),
+        running("b11", "b", "a100-01", gpu=3, first_device=4, start=old),
+        running("a-seven", "a", "a100-02", gpu=7, start=old, prio="key-project"),
+        running("b20", "b", "a100-02", first_device=7, start=old),
+        running("a-eight", "a", "a100-03", gpu=8, start=old, prio="key-project"),
+    ]
+    decisions = cycle(cluster, [job("gang", "a", gpu=8, replicas=2)], runs)
+    (preempt,) = decisions.preemptions
+    assert {v.job: v.cause for v in preempt.victims} == {
+        "a-one": "move",
+        **dict.fromkeys(("b00", "b01", "b02", "b03", "b10", "b11", "b20"), "reclaim"),
+    }
+    assert codes(decisions) == {"gang": "waiting_for_preemption"}

@@ -12,11 +12,17 @@ owed its guarantee in a pool whose ordinary victim search failed may also take, 
 the node each of its replicas needs, its own queue's running one-replica jobs of a
 priority no higher than its own (cause ``move``), each only if it fits again at once on
 another node of the same pool that no replica takes (where borrowers may be reclaimed to
-make room for it), its queue's quota unchanged; the node's borrowers go as in reclaim,
-each only while its queue still borrows (else that queue would be owed in turn). The moved jobs
-are requeued like any victim and restart from the beginning (their progress is lost, as
-with every preemption), so the nodes whose victims lose the least work are taken (GPUs
-times time run); when they come back they are tried first
+make room for it, or one more level of such moves made: a moved job may take the room
+that moving another of the queue's jobs elsewhere leaves), its queue's quota unchanged;
+the node's borrowers go as in reclaim, each only while its queue still borrows (else
+that queue would be owed in turn). A node may be freed in more than one way (which of
+its jobs move, which borrowers go): several are weighed, since the cheapest-looking may
+move a job that fits nowhere else. For a gang, a job moved for one replica first goes
+where it fits as things are; where that leaves too few nodes for the later replicas,
+the plan is made once more with moved jobs kept off every node that reclaim alone would
+clear. The moved jobs are requeued like any victim and restart from the beginning (their
+progress is lost, as with every preemption), so the nodes whose victims lose the least
+work are taken (GPUs times time run); when they come back they are tried first
 (:class:`~allotment.scheduler.session.MovedJobs`). KAI-Scheduler's consolidation works
 the same way: evict only what can be placed again at once.
 
@@ -33,6 +39,7 @@ otherwise have freed whole nodes at once.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 
 from allotment.domain.resources import GPU
 from allotment.scheduler.placement import Claims, NodeState, take_devices
@@ -43,6 +50,18 @@ from allotment.scheduler.victims import Candidate, lost_work, may_be_victim, mos
 PLACED_AFTER_FIRST = 4
 """Once the moves that free some node for the job are known to fit elsewhere, how many
 more of the cheaper-looking nodes are checked (that check looks at every node)."""
+
+CHAIN = 1
+"""How many levels of moves a move may set off: a job moved to make room may itself need
+room that moving another job of the queue makes (on a node of its own), but no further."""
+
+CHAIN_TRIES = 8
+"""How many ways of making room by moving further jobs are placed in full at one level
+(the cheapest-looking first): each looks at every node of the pool again."""
+
+SETS_PER_NODE = 4
+"""How many ways of freeing one node are weighed: the cheapest-looking set may move a
+job that fits nowhere else while another set, moving other jobs, would do."""
 
 
 def plan_moves(
@@ -60,19 +79,17 @@ def plan_moves(
     whose victims cost least (``cost``): ``candidates`` there (borrowers, in their
     order) and running one-replica jobs that ``movable`` allows (cause ``move``, the
     least work lost first), each of which fits at once on another node of the pool that
-    no replica takes; only sets that ``allowed`` accepts (a borrower only while its
-    queue still borrows). None when some replica finds no such node, or when the job
-    fits as things are. Worked out on copies of the nodes; ``state`` unchanged."""
+    no replica takes (:meth:`_View.place_again`); only sets that ``allowed`` accepts (a
+    borrower only while its queue still borrows). None when some replica finds no such
+    node, or when the job fits as things are. Worked out on copies of the nodes;
+    ``state`` unchanged."""
     if not any(r.get(GPU, 0) for r in requests):
         return None  # room without GPUs is not what fragments
-    view = _View(state.placer.by_pool.get(pool, ()), claims)
     on_node: dict[str, list[Candidate]] = {}
     named = {h.id for h, _ in candidates}
     for holder, cause in candidates:
         for node in {p.node for p in holder.placements}:
             on_node.setdefault(node, []).append((holder, cause))
-    # Per node, the candidates there: room a moved job may take.
-    borrowers = {node: list(items) for node, items in on_node.items()}
     for group in state.by_queue.get(pool, {}).values():
         for holder in group.values():
             if (
@@ -86,9 +103,38 @@ def plan_moves(
     for items in on_node.values():
         # Borrowers first, in their order; then the moves, the least work lost first.
         items.sort(key=lambda c: lost_work(c[0], now) if c[1] == "move" else -1.0)
+    nodes = state.placer.by_pool.get(pool, ())
+    by_size = sorted(requests, key=lambda r: -r.get(GPU, 0))
+    plan = _plan(_View(nodes, claims), by_size, on_node, now, cost, allowed, frozenset())
+    if plan is None and len(requests) > 1:
+        # A job moved for one replica, placed where it fits, may fill the free room of a
+        # node that reclaim alone would clear for a later one: once more, with moved
+        # jobs kept off such nodes.
+        view = _View(nodes, claims)
+        keep = frozenset(
+            name
+            for name, items in on_node.items()
+            if view.free_sets(name, by_size[0], [i for i in items if i[1] != "move"], now)
+        )
+        if keep:
+            plan = _plan(view, by_size, on_node, now, cost, allowed, keep)
+    return plan
+
+
+def _plan(
+    view: _View,
+    requests: list[Mapping[str, int]],
+    on_node: Mapping[str, list[Candidate]],
+    now: float,
+    cost: Callable[[list[Candidate]], tuple[tuple[int, float], int]],
+    allowed: Callable[[list[Candidate]], bool],
+    keep: frozenset[str],
+) -> list[Candidate] | None:
+    """:func:`plan_moves` for ``requests`` in their order, on ``view``; moved jobs go to
+    none of the nodes in ``keep``."""
     chosen: list[Candidate] = []
     gone: set[str] = set()
-    for request in sorted(requests, key=lambda r: -r.get(GPU, 0)):
+    for request in requests:
         ready = view.fitting(request)
         if ready is not None:
             view.take(ready, request)
@@ -100,8 +146,7 @@ def plan_moves(
             if name in view.used:
                 continue
             left = [item for item in items if item[0].id not in gone]
-            freed = view.free_one(name, request, left, now)
-            if freed is not None:
+            for freed in view.free_sets(name, request, left, now):
                 options.append((cost(chosen + freed), name, freed))
         options.sort(key=lambda o: o[0])
         best: tuple[tuple[tuple[int, float], int], list[Candidate], _View] | None = None
@@ -115,7 +160,7 @@ def plan_moves(
             after.release(name, [h for h, _ in freed])
             taken = gone | {h.id for h, _ in freed}
             moved = [h for h, cause in freed if cause == "move"]
-            room_made = after.place_again(moved, name, borrowers, taken, now)
+            room_made = after.place_again(moved, keep | {name}, on_node, taken, now)
             if best is not None:
                 tried += 1
             if room_made is None or not allowed(chosen + freed + room_made):
@@ -173,12 +218,12 @@ class _View:
                 return name
         return None
 
-    def free_one(
+    def free_sets(
         self, name: str, request: Mapping[str, int], items: list[Candidate], now: float
-    ) -> list[Candidate] | None:
+    ) -> list[list[Candidate]]:
         if name not in self.nodes:
-            return None
-        return free_one(self.room(name), request, items, self.claim(name), now)
+            return []
+        return free_sets(self.room(name), request, items, self.claim(name), now)
 
     def release(self, name: str, holders: list[Holder]) -> None:
         room = self._own(name)
@@ -188,51 +233,96 @@ class _View:
     def place_again(
         self,
         moved: list[Holder],
-        freed: str,
-        borrowers: Mapping[str, list[Candidate]],
+        avoid: AbstractSet[str],
+        items: Mapping[str, list[Candidate]],
         taken: set[str],
         now: float,
+        chain: int = CHAIN,
     ) -> list[Candidate] | None:
-        """Place every ``moved`` job, the largest first, on another node than ``freed``:
-        the tightest where it fits, else where the fewest of the ``borrowers`` there
-        (none of ``taken``), taken as victims, make room; those victims, or None when
-        some job fits nowhere."""
+        """Place every ``moved`` job, the largest first, on a node not in ``avoid`` that
+        no replica takes: the tightest where it fits, else where the ``items`` there
+        (none of ``taken``), taken as victims, make room at the least work lost (see
+        :meth:`make_room`); those victims, or None when some job fits nowhere."""
         extra: list[Candidate] = []
         for holder in sorted(moved, key=lambda h: -h.total.get(GPU, 0)):
             wanted = holder.placements[0].resources
             target: NodeState | None = None
             for name in self.nodes:
-                if name == freed or name in self.used:
+                if name in avoid or name in self.used:
                     continue
                 room = self.room(name)
                 if room.fits(wanted, self.claim(name)) and (
                     target is None or room.free.get(GPU, 0) < target.free.get(GPU, 0)
                 ):
                     target = room
-            if target is None:
-                cheapest: tuple[float, str, list[Candidate]] | None = None
-                for name, items in borrowers.items():
-                    if name == freed or name in self.used or name not in self.nodes:
-                        continue
-                    left = [item for item in items if item[0].id not in taken]
-                    out = (
-                        free_one(self.room(name), wanted, left, self.claim(name), now)
-                        if left
-                        else None
-                    )
-                    if out:
-                        lost = sum(lost_work(h, now) for h, _ in out)
-                        if cheapest is None or lost < cheapest[0]:
-                            cheapest = (lost, name, out)
-                if cheapest is None:
-                    return None
-                _, name, out = cheapest
-                self.release(name, [h for h, _ in out])
-                taken.update(h.id for h, _ in out)
-                extra.extend(out)
-                target = self.room(name)
-            _occupy(self._own(target.name), wanted)
+            if target is not None:
+                _occupy(self._own(target.name), wanted)
+                continue
+            out = self.make_room(wanted, avoid, items, taken, now, chain)
+            if out is None:
+                return None
+            taken.update(h.id for h, _ in out)
+            extra.extend(out)
         return extra
+
+    def make_room(
+        self,
+        wanted: Mapping[str, int],
+        avoid: AbstractSet[str],
+        items: Mapping[str, list[Candidate]],
+        taken: set[str],
+        now: float,
+        chain: int,
+    ) -> list[Candidate] | None:
+        """Room for a moved job asking ``wanted`` on a node not in ``avoid``, taken (this
+        view changed to hold it): the victims there that lose the least work, borrowers
+        and, while ``chain`` is above 0, jobs moved in turn (each placed again one level
+        down, on another node); None where nothing makes room."""
+        options: list[tuple[float, str, list[Candidate]]] = []
+        for name, node_items in items.items():
+            if name in avoid or name in self.used or name not in self.nodes:
+                continue
+            left = [
+                item
+                for item in node_items
+                if item[0].id not in taken and (chain > 0 or item[1] != "move")
+            ]
+            if left:
+                for out in free_sets(self.room(name), wanted, left, self.claim(name), now):
+                    options.append((sum(lost_work(h, now) for h, _ in out), name, out))
+        options.sort(key=lambda o: o[0])
+        best: tuple[float, str, list[Candidate], _View | None] | None = None
+        tries = 0
+        for lost, name, out in options:
+            if best is not None and lost >= best[0]:
+                break  # the rest lose more, even before any move of theirs is placed
+            further = [h for h, cause in out if cause == "move"]
+            if not further:
+                best = (lost, name, out, None)
+                break
+            if tries >= CHAIN_TRIES:
+                continue
+            tries += 1
+            trial = self.copy()
+            trial.release(name, [h for h, _ in out])
+            _occupy(trial._own(name), wanted)
+            more = trial.place_again(
+                further, avoid | {name}, items, taken | {h.id for h, _ in out}, now, chain - 1
+            )
+            if more is None:
+                continue
+            lost += sum(lost_work(h, now) for h, _ in more)
+            if best is None or lost < best[0]:
+                best = (lost, name, out + more, trial)
+        if best is None:
+            return None
+        _, name, out, made = best
+        if made is None:
+            self.release(name, [h for h, _ in out])
+            _occupy(self._own(name), wanted)
+        else:
+            self.rooms = made.rooms
+        return out
 
 
 def _occupy(room: NodeState, request: Mapping[str, int]) -> None:
@@ -244,6 +334,40 @@ def _occupy(room: NodeState, request: Mapping[str, int]) -> None:
         ),
         -1,
     )
+
+
+def free_sets(
+    target: NodeState,
+    request: Mapping[str, int],
+    items: list[Candidate],
+    claim: Mapping[str, int] | None,
+    now: float,
+    most: int = SETS_PER_NODE,
+) -> list[list[Candidate]]:
+    """Up to ``most`` different sets of ``items`` whose departure from ``target`` leaves
+    room for ``request`` (each as :func:`free_one` picks it): the first from all of
+    them, then, for each job moved in a set found, one without that job among the
+    items (so a set that moves other jobs, or takes more borrowers), breadth first."""
+    out: list[list[Candidate]] = []
+    seen: set[frozenset[str]] = set()
+    tried: set[frozenset[str]] = set()
+    waiting: list[frozenset[str]] = [frozenset()]
+    while waiting and len(out) < most:
+        without = waiting.pop(0)
+        found = free_one(target, request, [i for i in items if i[0].id not in without], claim, now)
+        if found is None:
+            continue
+        ids = frozenset(h.id for h, _ in found)
+        if ids in seen:
+            continue
+        seen.add(ids)
+        out.append(found)
+        for holder, cause in found:
+            further = without | {holder.id}
+            if cause == "move" and further not in tried:
+                tried.add(further)
+                waiting.append(further)
+    return out
 
 
 def free_one(
