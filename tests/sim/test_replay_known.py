@@ -185,13 +185,49 @@ def test_reclaim_preempts_the_borrower_which_restarts_from_scratch(
     a2 = {j.job_id: j for j in result.jobs}["a2"]
     assert (a2.submit, a2.first_start, a2.end, a2.attempts, a2.preempted) == (5, 5, 180, 2, 1)
     assert a2.gpu_seconds == 4000 * (25 + 100)
+    assert a2.lost_gpu_seconds == 4000 * 25  # its first 25 s on 4 GPUs, thrown away
     assert result.preemptions == 1
     summary = summarize(result)
     assert summary["preemptions"] == 1
+    assert summary["lost_gpu_hours"] == round(4 * 25 / 3600, 3)
+    held = 4 * (100 + 25 + 100 + 50)
+    assert summary["gpu_hours"] == round(held / 3600, 3)
+    assert summary["lost_share"] == round(4 * 25 / held, 4)
+    assert summary["restarts_max"] == 1
+    assert summary["per_queue"]["team-a"]["lost_gpu_hours"] == round(4 * 25 / 3600, 3)
+    assert summary["per_queue"]["team-b"]["lost_gpu_hours"] == 0
+    assert summary["per_queue"]["team-b"]["restarts_max"] == 0
     assert summary["per_queue"]["team-a"]["preemptions"] == 1
     assert summary["per_queue"]["team-b"]["preemptions"] == 0
     assert summary["wait_avg_s"] == 0  # wait is first start - submit
     assert summary["jct_avg_s"] == round((100 + 175 + 50) / 3, 3)
+
+
+@pytest.mark.parametrize("policy", BORROWING)
+def test_a_borrower_taken_back_twice_counts_two_restarts_and_its_lost_work(
+    tiny_cluster: Cluster, policy: str
+) -> None:
+    """As above, and team-b reclaims its node a second time: a2 borrows at 5, stops at
+    30 for b1, borrows again when b1 ends at 50, stops at 60 for b2, and runs whole from
+    80. The summary shows the churn: two restarts of one job, and its 25 + 10 s on 4
+    GPUs thrown away."""
+    work = [
+        job("a1", 0, 100),
+        job("a2", 5, 100),
+        job("b1", 30, 20, queue="team-b"),
+        job("b2", 60, 20, queue="team-b"),
+    ]
+    result = run(tiny_cluster, work, policy)
+    assert spans(result)["a2"] == [
+        (5, 30, "preempted"),
+        (50, 60, "preempted"),
+        (80, 180, "succeeded"),
+    ]
+    summary = summarize(result)
+    assert summary["restarts_max"] == 2
+    assert summary["lost_gpu_hours"] == round(4 * (25 + 10) / 3600, 3)
+    assert summary["per_queue"]["team-a"]["restarts_max"] == 2
+    assert summary["per_queue"]["team-b"]["restarts_max"] == 0
 
 
 def test_isolated_queues_never_preempt(tiny_cluster: Cluster) -> None:
@@ -204,6 +240,12 @@ def test_isolated_queues_never_preempt(tiny_cluster: Cluster) -> None:
             "a2": [(100, 200, "succeeded")],
             "b1": [(30, 80, "succeeded")],
         }, policy
+        summary = summarize(result)
+        assert (summary["lost_gpu_hours"], summary["lost_share"], summary["restarts_max"]) == (
+            0,
+            0,
+            0,
+        )
 
 
 # -- (d): strict FIFO and backfill ---------------------------------------------------------

@@ -133,6 +133,8 @@ ROWS: tuple[tuple[str, str, Any], ...] = (
     ("GPU utilization", "utilization", _percent),
     ("makespan", "makespan_s", _seconds),
     ("preemptions", "preemptions", str),
+    ("GPU-time lost to preemption", "lost_share", _percent),
+    ("most restarts of one job", "restarts_max", _count),
     ("GPUs held while jobs wait", "utilization_while_waiting", _percent),
     ("free GPUs no waiting job fits", "fragmentation", _percent),
     ("guarantee violations", "guarantee_violations", _count),

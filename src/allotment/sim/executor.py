@@ -334,6 +334,8 @@ class SimulatedExecutor:
         result = self.results[job_id]
         start = run.start
         result.gpu_seconds += run.gpus * (end - start)
+        if outcome == PREEMPTED:
+            result.lost_gpu_seconds += run.gpus * (end - start)
         self.attempts.append(
             Attempt(
                 job_id=job_id,

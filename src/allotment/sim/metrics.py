@@ -7,6 +7,10 @@
   denominator, so the queues' utilizations add up to the total.
 - ``makespan_s``: last end - first submit (per queue: of that queue's jobs).
 - ``preemptions``: attempts that ended preempted (per queue: of that queue's jobs).
+- ``lost_gpu_hours``: the GPU-hours of those attempts, work thrown away (a preempted job
+  starts again from scratch; ``gpu_hours`` includes it), and ``lost_share`` its share of
+  ``gpu_hours``; ``restarts_max``: the most times one job was preempted (churn: a job
+  that can run only by borrowing, taken back again and again).
 - ``guarantee_violations``: how many times a queue was owed its guarantee after a cycle
   (its first waiting job fitted in its unused nominal quota of a pool where other queues
   held part of it) -- every one lasted beyond the cycle that should have reclaimed it;
@@ -116,6 +120,7 @@ def _group(jobs: Sequence[JobResult], *, total_gpus: int, span: float | None) ->
     own_span = (max(ends) - min(j.submit for j in jobs)) if jobs and ends else None
     denominator_span = own_span if span is None else span
     gpu_seconds = sum(j.gpu_seconds for j in jobs)
+    lost = sum(j.lost_gpu_seconds for j in jobs)
     utilization = None
     if denominator_span and total_gpus:
         utilization = gpu_seconds / (total_gpus * denominator_span)
@@ -136,6 +141,9 @@ def _group(jobs: Sequence[JobResult], *, total_gpus: int, span: float | None) ->
         "failed": sum(1 for j in jobs if j.outcome == FAILED),
         "unfinished": sum(1 for j in jobs if j.outcome == UNFINISHED),
         "gpu_hours": _round(gpu_seconds / MILLI / 3600.0),
+        "lost_gpu_hours": _round(lost / MILLI / 3600.0),
+        "lost_share": _round(lost / gpu_seconds, 4) if gpu_seconds else None,
+        "restarts_max": max((j.preempted for j in jobs), default=0),
     }
 
 
@@ -230,9 +238,9 @@ def contention_stats(result: ReplayResult) -> dict[str, Any]:
 
 def summarize(result: ReplayResult) -> dict[str, Any]:
     """The summary of one replay: the fields the README lists, a few more (``finished``,
-    ``failed``, ``unfinished``, ``gpu_hours``, ``cycles``, ``instants_cut``, ``scheduler_s``), and
-    ``per_queue`` with the same fields per queue (``fairness_jain`` and ``wall_s`` are
-    None there)."""
+    ``failed``, ``unfinished``, ``gpu_hours``, ``lost_gpu_hours``, ``lost_share``,
+    ``restarts_max``, ``cycles``, ``instants_cut``, ``scheduler_s``), and ``per_queue``
+    with the same fields per queue (``fairness_jain`` and ``wall_s`` are None there)."""
     jobs = result.jobs
     overall = _group(jobs, total_gpus=result.total_gpus, span=None)
     makespan = overall["makespan_s"]

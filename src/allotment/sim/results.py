@@ -48,6 +48,9 @@ class JobResult:
     preempted: int = 0
     gpu_seconds: float = 0.0
     """Milli-GPU-seconds held over all attempts."""
+    lost_gpu_seconds: float = 0.0
+    """Of those, the milli-GPU-seconds of attempts that ended preempted: work thrown
+    away, as a preempted job starts again from scratch."""
     sampled: bool = False
     """A forecast of its start was made when it was submitted (``predict_every``)."""
     predicted_start: float | None = None
