@@ -19,7 +19,7 @@ from allotment.accounting.figures import (
     total,
 )
 
-NAMES = ("allocated", "used", "idle", "unmeasured", "cpu", "memory", "cost")
+NAMES = ("allocated", "used", "idle", "unmeasured", "cpu", "memory", "cost", "interrupted")
 T0 = 1_800_000_000.0
 times = st.floats(min_value=T0 - 5e5, max_value=T0 + 5e5, allow_nan=False)
 PRICES = {"a": 2.5, "b": 0.37, "c": 0.0, "d": 1 / 3}
@@ -48,7 +48,7 @@ def attempts(draw: st.DrawFn, number: int) -> AttemptInput:
         user=draw(st.sampled_from(["alice", "bob"])),
         type=draw(st.sampled_from(["training", "notebook", "service"])),
         priority_class="training",
-        state="running",
+        state=draw(st.sampled_from(["running", "succeeded", "failed", "preempted", "reclaimed"])),
         failure_class=None,
         pool=draw(st.sampled_from(sorted(PRICES))),
         start=start,
@@ -87,6 +87,8 @@ def test_group_totals_are_exactly_the_sums_of_the_records(
         f = record.figures
         assert f.allocated == f.used + f.idle + f.unmeasured
         assert min(f.used, f.idle, f.unmeasured, f.cpu, f.memory, f.cost) >= 0
+        stopped = record.input.state in ("preempted", "reclaimed")
+        assert f.interrupted == (f.allocated if stopped else 0)
         assert window.since <= record.held_from < record.held_until <= window.until
     for by in GROUPINGS:
         groups = group(records, by)

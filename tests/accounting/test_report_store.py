@@ -29,14 +29,16 @@ def fill(session: Session) -> None:
     - j-a (vision, vt, alice, training): 2 GPUs, 8 CPUs, 16 GiB from T0-1h to T0+2h:
       2h in the window = 4 GPU-h, 16 core-h, 32 GiB-h, cost 10. Samples: T0..T0+1h at 50%
       (measured 2, used 1, idle 1), T0+1h..T0+2h unmeasured (2), T0-1h at 100% (outside).
-      Preempted at T0+2h (cause reclaim); admitted before the window (no wait counted).
+      Preempted at T0+2h (cause reclaim); admitted before the window (no wait counted):
+      its 4 GPU-h in the window are interrupted.
     - j-b (nlp, nq, nick, notebook): 1 GPU from T0+23h, still running: 1 GPU-h, cost 2.5;
       sample T0+23h..+30m at 20% (measured 0.5, used 0.1, idle 0.4, unmeasured 0.5).
       Waited 800 s (pending T0+82000, admitted T0+82800).
     - j-c (vision, vt, bob, batch, experiment): 1 GPU T0+1h..T0+1.5h, failed (oom):
       0.5 GPU-h, cost 1.25, all unmeasured. Waited 600 s.
     - j-d (vision, vt): pending since T0+80000, still waiting: age 6400 s.
-    - j-e (nlp, nq): reclaimed at T0+10h with reason idle; 0 GPUs, 1 CPU for 1h on pool cpu.
+    - j-e (nlp, nq): reclaimed at T0+10h with reason idle; 0 GPUs, 1 CPU for 1h on pool cpu
+      (interrupted, but 0 GPU-h).
     - j-f (vision): ended before the window: not in the report.
     """
     rows.job(session, "j-a", tenant="vision", queue="vt", user="alice", type="training")
@@ -113,6 +115,9 @@ def fill(session: Session) -> None:
     rows.attempt(session, "j-f", 1, pool="a100", start=T0 - 9000, end=T0 - 10, gpus=4)
 
 
+FIGURES = ("allocated", "used", "idle", "unmeasured", "cpu", "memory", "cost", "interrupted")
+
+
 def report(sessions: sessionmaker[Session], by: str, tenant: str | None = None) -> Report:  # noqa: F811
     with sessions.begin() as session:
         fill(session)
@@ -122,10 +127,7 @@ def report(sessions: sessionmaker[Session], by: str, tenant: str | None = None) 
 
 def figures(group: object) -> dict[str, float]:
     f = group.figures  # type: ignore[attr-defined]
-    return {
-        name: from_micro(getattr(f, name))
-        for name in ("allocated", "used", "idle", "unmeasured", "cpu", "memory", "cost")
-    }
+    return {name: from_micro(getattr(f, name)) for name in FIGURES}
 
 
 def test_hand_computed_figures_per_tenant(sessions: sessionmaker[Session]) -> None:  # noqa: F811
@@ -140,6 +142,7 @@ def test_hand_computed_figures_per_tenant(sessions: sessionmaker[Session]) -> No
         "cpu": 16.0,
         "memory": 32.0,
         "cost": 11.25,
+        "interrupted": 4.0,
     }
     assert figures(nlp) == {
         "allocated": 1.0,
@@ -149,6 +152,7 @@ def test_hand_computed_figures_per_tenant(sessions: sessionmaker[Session]) -> No
         "cpu": 1.0,
         "memory": 0.0,
         "cost": 2.5,
+        "interrupted": 0.0,
     }
     assert (len(vision.jobs), vision.attempts, len(nlp.jobs), nlp.attempts) == (2, 2, 2, 2)
     assert figures(got.total)["cost"] == 13.75
@@ -195,7 +199,7 @@ def test_totals_are_the_sums_of_the_records(
     by: str,
 ) -> None:
     got = report(sessions, by)
-    for name in ("allocated", "used", "idle", "unmeasured", "cpu", "memory", "cost"):
+    for name in FIGURES:
         records = sum(Decimal(repr(figures(r)[name])) for r in got.records)
         groups = sum(Decimal(repr(figures(g)[name])) for g in got.rows)
         assert records == groups == Decimal(repr(figures(got.total)[name])), name

@@ -85,7 +85,14 @@ def test_platform_admin_sees_every_tenant_and_the_figures_add_up(people: People)
     assert vision["unmeasured_gpu_hours"] == 3 and vision["cost"] == 21
     assert (vision["utilization"], vision["measured_fraction"]) == (0.75, 4 / 7)
     assert by_key["nlp"]["cost"] == 1.5
-    for figure in ("allocated_gpu_hours", "used_gpu_hours", "idle_gpu_hours", "cost"):
+    assert vision["interrupted_gpu_hours"] == 0  # nothing of it was preempted or reclaimed
+    for figure in (
+        "allocated_gpu_hours",
+        "used_gpu_hours",
+        "idle_gpu_hours",
+        "interrupted_gpu_hours",
+        "cost",
+    ):
         of_records = sum(exact(r[figure]) for r in report["records"])
         of_rows = sum(exact(r[figure]) for r in report["rows"])
         assert of_records == of_rows == exact(report["total"][figure])

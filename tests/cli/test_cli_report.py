@@ -48,6 +48,7 @@ def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
             gpus=2,
             cpu=4,
             memory_gib=8,
+            state="preempted",
         )
         rows.usage(db, "j-v1", 1, start=T0 + 3600, length=7200, util=75)
         rows.event(db, "j-v1", T0 + 3000, "pending")
@@ -88,6 +89,7 @@ def test_table(server: str) -> None:
         assert heading in out
     assert "vision" in out and "nlp" in out and "18.00" in out and "oom" in out
     assert "reclaim" in out and "all tenants" in out
+    assert "GPU-h interrupted" in out
 
 
 def test_csv_has_one_header_and_exact_sums(server: str, tmp_path: Path) -> None:
@@ -99,6 +101,10 @@ def test_csv_has_one_header_and_exact_sums(server: str, tmp_path: Path) -> None:
     data = json.loads(allot("report", "--since", "1d", "-o", "json")[1])
     cost = table[0].index("cost")
     assert sum(Decimal(r[cost]) for r in table[1:]) == Decimal(repr(data["total"]["cost"])) == 19.5
+    interrupted = table[0].index("interrupted_gpu_hours")
+    # j-v1 was preempted after holding 2 GPUs for 3 hours: all of it interrupted.
+    assert {r[0]: r[interrupted] for r in table[1:]} == {"nlp": "0", "vision": "6"}
+    assert data["total"]["interrupted_gpu_hours"] == 6
     code, _, err = allot(
         "report", "--by", "user", "--format", "csv", "--out", str(tmp_path / "u.csv")
     )

@@ -52,6 +52,8 @@ def test_sim_compares_policies_in_one_table(files: Path, scripted: None) -> None
     assert result.exit_code == 0, result.output
     assert "fifo-isolated" in result.stdout and "default" in result.stdout
     assert "wait avg" in result.stdout and "team-a" in result.stdout
+    assert "GPU-time lost to preemption" in result.stdout
+    assert "most restarts of one job" in result.stdout
 
 
 def test_sim_json_has_the_summary_fields(files: Path, scripted: None) -> None:
@@ -65,6 +67,7 @@ def test_sim_json_has_the_summary_fields(files: Path, scripted: None) -> None:
         for stats in summary["per_queue"].values():
             assert set(SUMMARY_FIELDS) <= set(stats)
     assert data[0]["jobs"] == 3
+    assert (data[0]["lost_gpu_hours"], data[0]["restarts_max"]) == (0, 0)  # nothing preempted
     assert data[0]["wait_avg_s"] == 0
     assert data[0]["makespan_s"] == 100
 

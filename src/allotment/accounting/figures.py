@@ -18,7 +18,10 @@ until)``, with ``s`` the clipped seconds:
 - ``idle`` = measured - used; ``unmeasured`` = allocated - measured;
   so allocated = used + idle + unmeasured, exactly;
 - ``cpu`` = cores·s/3600, ``memory`` = GiB·s/3600 (allocated, per replica summed);
-- ``cost`` = price per GPU-hour of its pool x allocated (rounded micro-GPU-hours).
+- ``cost`` = price per GPU-hour of its pool x allocated (rounded micro-GPU-hours);
+- ``interrupted`` = allocated, for an attempt the scheduler stopped (``preempted`` or
+  ``reclaimed``: :data:`INTERRUPTIONS`), else 0: hours whose work is done again unless
+  the job saved a checkpoint.
 """
 
 from __future__ import annotations
@@ -28,12 +31,17 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from allotment.domain.lifecycle import JobState
+
 MICRO = 1_000_000
 """Micro-units in one unit: figures are integers of these."""
 
 HOUR = 3600
 GIB = 2**30
 MILLI = 1000
+
+INTERRUPTIONS = (JobState.PREEMPTED.value, JobState.RECLAIMED.value)
+"""The states of an attempt that the scheduler stopped before it ended on its own."""
 
 
 def to_micro(value: Fraction) -> int:
@@ -103,6 +111,7 @@ class Figures:
     cpu: int = 0
     memory: int = 0
     cost: int = 0
+    interrupted: int = 0
 
     def __add__(self, other: Figures) -> Figures:
         return Figures(
@@ -113,6 +122,7 @@ class Figures:
             cpu=self.cpu + other.cpu,
             memory=self.memory + other.memory,
             cost=self.cost + other.cost,
+            interrupted=self.interrupted + other.interrupted,
         )
 
     @property
@@ -193,6 +203,7 @@ def attempt_record(
         cpu=to_micro(Fraction(item.cpu_milli, MILLI) * seconds / HOUR),
         memory=to_micro(Fraction(item.memory_milli, MILLI * GIB) * seconds / HOUR),
         cost=round(Fraction(repr(float(price))) * allocated),
+        interrupted=allocated if item.state in INTERRUPTIONS else 0,
     )
     return AttemptRecord(
         input=item,

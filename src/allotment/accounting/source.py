@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Select, and_, or_, select
 from sqlalchemy.orm import Session
 
-from allotment.accounting.figures import AttemptInput, UsageSample, Window
+from allotment.accounting.figures import INTERRUPTIONS, AttemptInput, UsageSample, Window
 from allotment.accounting.waits import ADMITTED, PENDING, Move
 from allotment.domain.lifecycle import JobState
 from allotment.domain.resources import CPU, GPU, MEMORY
@@ -23,7 +23,6 @@ from allotment.store.jobs import IN_CHUNK, TRANSITION
 from allotment.store.models import Attempt, Event, Job, JobUsage
 
 WAITING = (JobState.SUBMITTED.value, JobState.PENDING.value)
-INTERRUPTIONS = (JobState.PREEMPTED.value, JobState.RECLAIMED.value)
 
 
 def _narrow(query: Select[Any], tenant: str | None) -> Select[Any]:

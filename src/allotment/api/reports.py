@@ -28,6 +28,7 @@ def usage_row(group: Group) -> schemas.UsageRow:
         cpu_hours=from_micro(f.cpu),
         memory_gib_hours=from_micro(f.memory),
         cost=from_micro(f.cost),
+        interrupted_gpu_hours=from_micro(f.interrupted),
     )
 
 
@@ -57,6 +58,7 @@ def attempt_usage(record: AttemptRecord) -> schemas.AttemptUsage:
         cpu_hours=from_micro(f.cpu),
         memory_gib_hours=from_micro(f.memory),
         cost=from_micro(f.cost),
+        interrupted_gpu_hours=from_micro(f.interrupted),
     )
 
 

@@ -437,7 +437,9 @@ class UsageRow(Output):
     GiB-hours and cost are decimals of at most 6 places; a group's figures are exactly
     the sums of its attempts' records. ``utilization`` = used / (used + idle), the share
     of measured GPU time that was busy; ``measured_fraction`` = (used + idle) /
-    allocated; both null when undefined."""
+    allocated; both null when undefined. ``interrupted_gpu_hours``: the allocated
+    GPU-hours of attempts the scheduler stopped (preempted or reclaimed), whose work is
+    done again unless the job saved a checkpoint."""
 
     key: str
     jobs: int
@@ -451,6 +453,7 @@ class UsageRow(Output):
     cpu_hours: float
     memory_gib_hours: float
     cost: float
+    interrupted_gpu_hours: float
 
 
 class AttemptUsage(Output):
@@ -480,6 +483,7 @@ class AttemptUsage(Output):
     cpu_hours: float
     memory_gib_hours: float
     cost: float
+    interrupted_gpu_hours: float
 
 
 class WaitRow(Output):

@@ -29,6 +29,7 @@ CSV_COLUMNS = (
     "cpu_hours",
     "memory_gib_hours",
     "cost",
+    "interrupted_gpu_hours",
 )
 """The CSV's columns after the group's key (named after ``--by``)."""
 
@@ -93,6 +94,7 @@ USAGE_HEADERS = (
     "GPU-h used",
     "GPU-h idle",
     "GPU-h unmeasured",
+    "GPU-h interrupted",
     "utilization",
     "measured",
     "CPU core-h",
@@ -110,6 +112,7 @@ def _usage(row: Mapping[str, Any]) -> list[str]:
         f"{row['used_gpu_hours']:.2f}",
         f"{row['idle_gpu_hours']:.2f}",
         f"{row['unmeasured_gpu_hours']:.2f}",
+        f"{row['interrupted_gpu_hours']:.2f}",
         ratio(row.get("utilization")),
         ratio(row.get("measured_fraction")),
         f"{row['cpu_hours']:.2f}",

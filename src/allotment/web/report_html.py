@@ -162,13 +162,16 @@ RECORD_COLUMNS = (
     "used_gpu_hours",
     "idle_gpu_hours",
     "unmeasured_gpu_hours",
+    "interrupted_gpu_hours",
     "cost",
 )
 
 
 def records_html(records: Sequence[Mapping[str, Any]]) -> str:
     rows = [[number(r.get(c)) for c in RECORD_COLUMNS] for r in records]
-    section = Section("per attempt", RECORD_COLUMNS, rows, frozenset(range(8, 15)) | {1})
+    section = Section(
+        "per attempt", RECORD_COLUMNS, rows, frozenset(range(8, len(RECORD_COLUMNS))) | {1}
+    )
     return table_html(section)
 
 
