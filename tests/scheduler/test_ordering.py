@@ -7,7 +7,17 @@ from typing import Any
 from allotment.scheduler.decisions import Decisions
 from allotment.scheduler.snapshot import PendingJob, SchedulerPolicy
 
-from .builders import NOW, ClusterBuilder, admitted, codes, cycle, job, running, two_owned_pools
+from .builders import (
+    NOW,
+    ClusterBuilder,
+    admitted,
+    codes,
+    cycle,
+    job,
+    running,
+    two_owned_pools,
+    victims,
+)
 
 
 def one_node_two_queues(**pool: object) -> ClusterBuilder:
@@ -158,6 +168,29 @@ def test_a_job_borrows_where_the_pools_owner_waits_only_for_more_than_is_free() 
     )
     assert admitted(decisions) == ["b-first"]
     assert decisions.admitted[0].pool == "a100"
+
+
+def test_a_job_lets_the_pools_owner_go_first_when_it_would_take_back_more_than_is_free() -> None:
+    # b already borrows 4 GPUs of a's pool; a's gang asks all 8, more than the 4 free,
+    # but within a's guarantee: it takes the borrower back and the free 4. b's new job,
+    # tried first for its priority, fits b's guarantee but only a's pool, where it would
+    # borrow. Were it admitted into those free 4, a could not take it back in the same
+    # cycle (it was just admitted) and would in the next (a preemption for nothing).
+    cluster = two_owned_pools()
+    runs = [
+        running("b-borrow", "b", "a100-00", gpu=4),
+        running("b-run0", "b", "v100-00", gpu=2),
+        running("b-run1", "b", "v100-01", gpu=2),
+    ]
+    pending = [
+        job("b-first", "b", gpu=4, submit=NOW - 300, prio="key-project"),
+        job("a-gang", "a", gpu=8),
+    ]
+    decisions = cycle(cluster, pending, runs)
+    assert admitted(decisions) == []
+    assert victims(decisions) == {"a-gang": ["b-borrow"]}
+    reason = decisions.waiting.get("b-first")
+    assert reason is not None and reason.detail["reserved_for"] == ["a-gang"]
 
 
 def test_weight_scales_the_share() -> None:

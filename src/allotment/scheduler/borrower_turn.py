@@ -9,8 +9,11 @@ Admitted there at once, it can take the room of a job of that pool's owner tried
 in the same cycle, which then reclaims it in the next one: a preemption for nothing (on
 Philly, most guarantee violations). So such a head goes back among the heads that would
 borrow (:attr:`~allotment.scheduler.lines.Outcome.DEFERRED`; its line waits with it)
-while a queue guaranteed part of that pool still has a job to try that asks no more GPUs
-than the pool has free; in the borrowers' turn it is tried again and may borrow.
+while a queue guaranteed part of that pool still has a job to try that could take that
+room: one that asks no more GPUs than the pool has free, or one that fits its queue's
+guarantee there, which the head would leave lent out (the owner takes back what others
+borrow there and the free room with it: a gang of the owner that needs more than is
+free, say); in the borrowers' turn it is tried again and may borrow.
 
 The owner's job, tried first, may still find no node: the pool's free GPUs are spread
 over nodes that each keep a few of its own queue's small jobs. With no other queue in
@@ -37,6 +40,7 @@ from allotment.domain.reasons import Reason, ReasonCode
 from allotment.domain.resources import GPU
 from allotment.scheduler.lines import Line
 from allotment.scheduler.policy import QuotaRule
+from allotment.scheduler.quota import QuotaTree
 from allotment.scheduler.snapshot import PendingJob
 from allotment.scheduler.state import CycleState
 from allotment.scheduler.victims import VictimRule
@@ -68,16 +72,16 @@ class BorrowerTurn:
         the borrowers instead of starting there (each job at most once a cycle)."""
         if job.id in self.deferred:
             return False
-        free = state.placer.free_gpus(pool)
+        quota, name = state.quota, line.queue.name
+        free, asks = state.placer.free_gpus(pool), job.total()
         if not any(
             other is not line
             and not other.done
             and other.index < len(other.jobs)
-            and other.jobs[other.index].total().get(GPU, 0) <= free
+            and _may_take(quota, other.queue.name, other.jobs[other.index], pool, free, asks)
             for other in self._owners_of(pool)
         ):
             return False
-        quota, name = state.quota, line.queue.name
         if not rule.borrows(quota, name, job, (pool,)) or rule.borrows(
             quota, name, job, job.pools or line.own or ()
         ):
@@ -165,3 +169,16 @@ class BorrowerTurn:
         if kept is None or kept[0] == queue or not state.quota.lent_out(kept[0], pool, total):
             return None
         return kept[1]
+
+
+def _may_take(
+    quota: QuotaTree, owner: str, head: PendingJob, pool: str, free: int, asks: Mapping[str, int]
+) -> bool:
+    """Whether ``owner``'s next job ``head`` may take the room a job asking ``asks``
+    would take in ``pool``: it asks no more GPUs than the pool has ``free``, or it fits
+    its queue's guarantee there, which that job would leave lent out (so the owner
+    could take it back at once)."""
+    wants = head.total()
+    if wants.get(GPU, 0) <= free:
+        return True
+    return quota.within_nominal(owner, pool, wants) and quota.lent_out(owner, pool, asks)
