@@ -193,6 +193,26 @@ def test_a_job_lets_the_pools_owner_go_first_when_it_would_take_back_more_than_i
     assert reason is not None and reason.detail["reserved_for"] == ["a-gang"]
 
 
+def test_a_job_sent_back_for_the_pools_owner_still_borrows_the_room_the_owner_cannot_use() -> None:
+    # As above, but b's borrower is of a class that may not be preempted: a's gang
+    # cannot take it back, so the room stays free for b's new job in the same cycle.
+    cluster = two_owned_pools()
+    runs = [
+        running("b-borrow", "b", "a100-00", gpu=4, prio="production"),
+        running("b-run0", "b", "v100-00", gpu=2),
+        running("b-run1", "b", "v100-01", gpu=2),
+    ]
+    pending = [
+        job("b-first", "b", gpu=4, submit=NOW - 300, prio="key-project"),
+        job("a-gang", "a", gpu=8),
+    ]
+    decisions = cycle(cluster, pending, runs)
+    assert admitted(decisions) == ["b-first"]
+    assert decisions.admitted[0].pool == "a100"
+    assert victims(decisions) == {}
+    assert codes(decisions)["a-gang"] == "no_node_fits"
+
+
 def test_weight_scales_the_share() -> None:
     cluster = (
         ClusterBuilder()
