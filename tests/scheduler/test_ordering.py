@@ -170,15 +170,13 @@ def test_a_job_borrows_where_the_pools_owner_waits_only_for_more_than_is_free() 
     assert decisions.admitted[0].pool == "a100"
 
 
-def test_a_job_lets_the_pools_owner_go_first_when_it_would_take_back_more_than_is_free() -> None:
-    # b already borrows 4 GPUs of a's pool; a's gang asks all 8, more than the 4 free,
-    # but within a's guarantee: it takes the borrower back and the free 4. b's new job,
-    # tried first for its priority, fits b's guarantee but only a's pool, where it would
-    # borrow. Were it admitted into those free 4, a could not take it back in the same
-    # cycle (it was just admitted) and would in the next (a preemption for nothing).
+def owner_gang_and_guest(borrower_class: str) -> Decisions:
+    """b already borrows 4 GPUs of a's pool (a job of ``borrower_class``); a's gang asks
+    all 8, more than the 4 free, but within a's guarantee. b's new job, tried first for
+    its priority, fits b's guarantee but only a's pool, where it would borrow."""
     cluster = two_owned_pools()
     runs = [
-        running("b-borrow", "b", "a100-00", gpu=4),
+        running("b-borrow", "b", "a100-00", gpu=4, prio=borrower_class),
         running("b-run0", "b", "v100-00", gpu=2),
         running("b-run1", "b", "v100-01", gpu=2),
     ]
@@ -186,7 +184,14 @@ def test_a_job_lets_the_pools_owner_go_first_when_it_would_take_back_more_than_i
         job("b-first", "b", gpu=4, submit=NOW - 300, prio="key-project"),
         job("a-gang", "a", gpu=8),
     ]
-    decisions = cycle(cluster, pending, runs)
+    return cycle(cluster, pending, runs)
+
+
+def test_a_job_lets_the_pools_owner_go_first_when_it_would_take_back_more_than_is_free() -> None:
+    # a's gang takes the borrower back and the free 4. Were b's new job admitted into
+    # those free 4, a could not take it back in the same cycle (it was just admitted)
+    # and would in the next (a preemption for nothing).
+    decisions = owner_gang_and_guest("training")
     assert admitted(decisions) == []
     assert victims(decisions) == {"a-gang": ["b-borrow"]}
     reason = decisions.waiting.get("b-first")
@@ -194,19 +199,9 @@ def test_a_job_lets_the_pools_owner_go_first_when_it_would_take_back_more_than_i
 
 
 def test_a_job_sent_back_for_the_pools_owner_still_borrows_the_room_the_owner_cannot_use() -> None:
-    # As above, but b's borrower is of a class that may not be preempted: a's gang
-    # cannot take it back, so the room stays free for b's new job in the same cycle.
-    cluster = two_owned_pools()
-    runs = [
-        running("b-borrow", "b", "a100-00", gpu=4, prio="production"),
-        running("b-run0", "b", "v100-00", gpu=2),
-        running("b-run1", "b", "v100-01", gpu=2),
-    ]
-    pending = [
-        job("b-first", "b", gpu=4, submit=NOW - 300, prio="key-project"),
-        job("a-gang", "a", gpu=8),
-    ]
-    decisions = cycle(cluster, pending, runs)
+    # b's borrower is of a class that may not be preempted: a's gang cannot take it
+    # back, so the room stays free for b's new job in the same cycle.
+    decisions = owner_gang_and_guest("production")
     assert admitted(decisions) == ["b-first"]
     assert decisions.admitted[0].pool == "a100"
     assert victims(decisions) == {}
