@@ -264,6 +264,61 @@ def test_a_borrower_already_giving_back_is_not_reclaimed_twice() -> None:
     assert later.preemptions == []
 
 
+def owed_twice() -> tuple[Cluster, list[RunningJob]]:
+    """One pool of eight 8-GPU nodes: ``c`` guaranteed 24 GPUs and running 8, ``a``
+    guaranteed 16 and borrowing 40 on the seven other nodes (the newest first: ``a1``)."""
+    cluster = (
+        ClusterBuilder()
+        .pool("a100", nodes=8)
+        .leaf("a", quota={"a100": {"gpu": 16}})
+        .leaf("b", quota={"a100": {"gpu": 8}})
+        .leaf("c", quota={"a100": {"gpu": 24}})
+        .build()
+    )
+    runs = [running("c-run", "c", "a100-00", gpu=8)]
+    runs += [running(f"a{i}", "a", f"a100-0{i}", gpu=8, start=NOW - 100 * i) for i in range(1, 8)]
+    return cluster, runs
+
+
+def test_two_jobs_of_a_queue_do_not_each_take_back_the_same_unused_guarantee() -> None:
+    """Found replaying a synthetic trace: a queue owed 16 GPUs had two gangs of 16
+    waiting, and both took back borrowers' nodes in one cycle, each as if the other did
+    not; the queue then ran beyond its guarantee, the lender was owed in turn and took
+    it back, and a chain of reclaims threw away hours of work. A job that preempts
+    counts against its queue's guarantee from then on, while its victims stop too."""
+    cluster, runs = owed_twice()
+    pending = [
+        job("c1", "c", gpu=8, replicas=2, submit=NOW - 120),
+        job("c2", "c", gpu=8, replicas=2),
+    ]
+    decisions = cycle(cluster, pending, runs)
+    assert victims(decisions) == {"c1": ["a1", "a2"]}
+    assert codes(decisions)["c2"] != "waiting_for_preemption"
+    stopping = [replace(r, terminating=True) if r.id in ("a1", "a2") else r for r in runs]
+    later = cycle(cluster, [replace(pending[0], preempting=("a1", "a2")), pending[1]], stopping)
+    assert later.preemptions == []
+    assert codes(later) == {"c1": "waiting_for_preemption", "c2": codes(decisions)["c2"]}
+
+
+def test_a_job_that_preempts_its_own_queues_job_leaves_the_rest_of_the_guarantee() -> None:
+    # c runs 8 GPUs of a low class on its own and is owed 16 more. Its high job takes the
+    # low one's place (within its queue): c's guarantee after that is what it was, so
+    # the next job still takes back one of a's borrowed nodes.
+    cluster, runs = owed_twice()
+    runs[0] = running("c-low", "c", "a100-00", gpu=8, prio="experiment")
+    pending = [
+        job("hi", "c", gpu=8, prio="key-project", submit=NOW - 120),
+        job("next", "c", gpu=8, replicas=2),
+    ]
+    decisions = cycle(cluster, pending, runs)
+    assert victims(decisions) == {"hi": ["c-low"], "next": ["a1", "a2"]}
+    assert [v.cause for p in decisions.preemptions for v in p.victims] == [
+        "within_queue",
+        "reclaim",
+        "reclaim",
+    ]
+
+
 def owed_a_gang(*, nodes: int, b_gpus: int) -> Cluster:
     """One pool of 8-GPU nodes: ``a`` guaranteed 16 GPUs, ``b`` ``b_gpus``, ``c`` 8."""
     return (

@@ -52,6 +52,7 @@ from allotment.scheduler.preemption import (
     find_victims,
     held_for_preemptor,
     plan_victims,
+    preemptor_claim,
     victim_candidates,
     waiting_for,
 )
@@ -160,7 +161,7 @@ class _Cycle:
         """Preemptors whose victims are still terminating keep the capacity freed for
         them; those whose victims are gone are tried before anyone else, and then the
         jobs their moves put back in line (on the room left for them)."""
-        for job in sorted(self.preemptors, key=_moved_last):
+        for job in sorted(self.preemptors, key=lambda p: p.moved):
             line = self.line_of.get(job.queue)
             if line is not None:
                 self._nominated_one(line, job)
@@ -190,6 +191,7 @@ class _Cycle:
         if not placed.ok:
             return  # no longer enough: it competes again in phase 4
         self.reservations.add(held_for_preemptor(job.id, pool, self.state.now, placed, still))
+        self.state.quota.claim(job.queue, pool, job.total())
         self.taken.update(h.id for h in still)
         self.answered.add(job.id)
         self.decisions.waiting[job.id] = waiting_for([h.id for h in still], pool)
@@ -541,6 +543,7 @@ class _Cycle:
         self.reservations.add(
             held_for_preemptor(job.id, pool, self.state.now, plan.placement, holders)
         )
+        self.state.quota.claim(queue.name, pool, preemptor_claim(job, queue.name, plan))
         reason = waiting_for([v.job for v in victims], pool, sorted({v.cause for v in victims}))
         self.decisions.preemptions.append(
             Preempt(job=job.id, queue=queue.name, pool=pool, victims=victims, reason=reason)
@@ -576,6 +579,7 @@ def run_cycle(
     if explain:  # 5. the rest
         for tail, reason in behind(lines, cycle.answered):
             decisions.waiting.add_run(tail, reason)
+    state.quota.drop_claims()
     decisions.stats = {
         "examined": cycle.examined,
         "admitted": len(decisions.admitted),
@@ -593,7 +597,3 @@ def schedule_once(snapshot: Snapshot) -> Decisions:
     classes = {name: c.value for name, c in snapshot.cluster.priority_classes.items()}
     queues, preemptors = group_lines(snapshot.pending, classes)
     return run_cycle(state, queues, preemptors)
-
-
-def _moved_last(job: PendingJob) -> bool:
-    return job.moved

@@ -464,6 +464,18 @@ def held_for_preemptor(
     return Reservation(job=job, pool=pool, start=now, claims=claims)
 
 
+def preemptor_claim(job: PendingJob, queue: str, plan: VictimPlan) -> dict[str, int]:
+    """What ``job`` of ``queue``, preempting by ``plan``, adds to its queue's guaranteed
+    usage once it starts: its request, less what the queue's own victims give up for
+    good (a moved job comes back)."""
+    claim = dict(job.total())
+    for holder, cause in plan.victims:
+        if holder.queue == queue and cause != "move" and not holder.klass.borrow_only:
+            for resource, amount in holder.total.items():
+                claim[resource] = claim.get(resource, 0) - amount
+    return claim
+
+
 def waiting_for(victims: list[str], pool: str, causes: list[str] | None = None) -> Reason:
     """A preemptor's reason while its victims stop: preempting them now (``causes``
     given), or still waiting for those of an earlier cycle."""

@@ -149,6 +149,11 @@ class QuotaTree:
         self.guaranteed_version: dict[str, int] = {}
         """Per leaf, how many times its guaranteed usage changed (whether a request is
         within its nominal quota anywhere can only change then)."""
+        self._claimed: dict[tuple[str, str], Amounts] = {}
+        """Per leaf and pool, what its jobs that preempt to start there ask, while they
+        wait for their victims (:meth:`claim`): part of its guaranteed usage for
+        :meth:`within_nominal`, so that two of its jobs do not each take back the same
+        unused guarantee."""
         for pool, cap in capacity.items():
             self._nominal[(ROOT, pool)] = dict(cap)
             self._usage[(ROOT, pool)] = {}
@@ -334,13 +339,21 @@ class QuotaTree:
         return self._named.get(queue, _NONE)
 
     def within_nominal(self, queue: str, pool: str, request: Mapping[str, int]) -> bool:
-        """Whether the queue's guaranteed usage (borrow-only jobs excluded) plus
-        ``request`` stays within its nominal quota: the condition for reclaiming."""
+        """Whether the queue's guaranteed usage (borrow-only jobs excluded, its waiting
+        preemptors' :meth:`claim` included) plus ``request`` stays within its nominal
+        quota: the condition for reclaiming."""
         key = (queue, pool)
         nominal = self._nominal[key]
         if not nominal:
             return False
         guaranteed = self._guaranteed[key]
+        claimed = self._claimed.get(key) if self._claimed else None
+        if claimed:
+            return all(
+                guaranteed.get(r, 0) + claimed.get(r, 0) + amount <= nominal[r]
+                for r, amount in request.items()
+                if amount > 0 and r in nominal
+            )
         return all(
             guaranteed.get(r, 0) + amount <= nominal[r]
             for r, amount in request.items()
@@ -392,6 +405,24 @@ class QuotaTree:
         return share / self._weight.get(queue, 1.0)
 
     # ----------------------------------------------------------------- writing
+
+    def claim(self, queue: str, pool: str, request: Mapping[str, int]) -> None:
+        """A job of ``queue`` preempts to start in ``pool`` asking ``request`` (less what
+        its own queue's victims give up): until :meth:`drop_claims`, it counts as the
+        queue's guaranteed usage there (:meth:`within_nominal`), as it will once it
+        starts. Only that: the pool's usage, and so what others may use or borrow, is
+        as before (its victims still hold their resources)."""
+        claimed = self._claimed.setdefault((queue, pool), {})
+        for resource, amount in request.items():
+            claimed[resource] = claimed.get(resource, 0) + amount
+        self.guaranteed_version[queue] = self.guaranteed_version.get(queue, 0) + 1
+
+    def drop_claims(self) -> None:
+        """Forget every :meth:`claim` (at the end of a cycle: the next one claims again
+        for the preemptors still waiting)."""
+        for queue, _ in self._claimed:
+            self.guaranteed_version[queue] = self.guaranteed_version.get(queue, 0) + 1
+        self._claimed.clear()
 
     def add(
         self, queue: str, pool: str, request: Mapping[str, int], *, borrow_only: bool = False
