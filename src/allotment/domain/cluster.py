@@ -243,6 +243,7 @@ class Queue:
         "parent",
         "path",
         "spec",
+        "strict",
         "tenant",
     )
 
@@ -256,6 +257,10 @@ class Queue:
         self.path: tuple[str, ...] = (spec.name,) if parent is None else (*parent.path, spec.name)
         self.nominal: dict[str, Resources] = dict(spec.quota)
         self._windows = tuple(w.window() for w in spec.time_windows)
+        self.strict: bool = self.inherited(lambda spec: spec.queueing) == "strict"
+        """Whether this queue keeps strict order (its own ``queueing`` or its nearest
+        ancestor's; ``best_effort`` when none sets it). Settled here, as its ancestors
+        are (the core asks it of every queue in every cycle)."""
 
     @property
     def is_leaf(self) -> bool:
@@ -286,12 +291,6 @@ class Queue:
         or its nearest ancestor's, else :data:`MAX_JOB_REPLICAS`."""
         most = self.inherited(lambda spec: spec.max_job_replicas)
         return MAX_JOB_REPLICAS if most is None else most
-
-    @property
-    def strict(self) -> bool:
-        """Whether this queue keeps strict order (its own ``queueing`` or its nearest
-        ancestor's; ``best_effort`` when none sets it)."""
-        return self.inherited(lambda spec: spec.queueing) == "strict"
 
     def ancestors(self) -> Iterator[Queue]:
         node = self.parent
