@@ -33,6 +33,8 @@ ROOT = ""
 _NONE: frozenset[str] = frozenset()
 
 Amounts = dict[str, int]
+_NOTHING: Amounts = {}
+"""Nothing claimed (read only)."""
 
 
 class QuotaCheck:
@@ -347,15 +349,9 @@ class QuotaTree:
         if not nominal:
             return False
         guaranteed = self._guaranteed[key]
-        claimed = self._claimed.get(key) if self._claimed else None
-        if claimed:
-            return all(
-                guaranteed.get(r, 0) + claimed.get(r, 0) + amount <= nominal[r]
-                for r, amount in request.items()
-                if amount > 0 and r in nominal
-            )
+        claimed = self._claimed.get(key, _NOTHING) if self._claimed else _NOTHING
         return all(
-            guaranteed.get(r, 0) + amount <= nominal[r]
+            guaranteed.get(r, 0) + claimed.get(r, 0) + amount <= nominal[r]
             for r, amount in request.items()
             if amount > 0 and r in nominal
         )
@@ -408,10 +404,12 @@ class QuotaTree:
 
     def claim(self, queue: str, pool: str, request: Mapping[str, int]) -> None:
         """A job of ``queue`` preempts to start in ``pool`` asking ``request`` (less what
-        its own queue's victims give up): until :meth:`drop_claims`, it counts as the
-        queue's guaranteed usage there (:meth:`within_nominal`), as it will once it
-        starts. Only that: the pool's usage, and so what others may use or borrow, is
-        as before (its victims still hold their resources)."""
+        its own queue's victims give up, when known; while they stop, a victim of its
+        own queue still counts too, which errs towards taking back less): until
+        :meth:`drop_claims`, it counts as the queue's guaranteed usage there
+        (:meth:`within_nominal`), as it will once it starts. Only that: the pool's
+        usage, and so what others may use or borrow, is as before (its victims still
+        hold their resources)."""
         claimed = self._claimed.setdefault((queue, pool), {})
         for resource, amount in request.items():
             claimed[resource] = claimed.get(resource, 0) + amount
