@@ -281,11 +281,12 @@ def owed_twice() -> tuple[Cluster, list[RunningJob]]:
 
 
 def test_two_jobs_of_a_queue_do_not_each_take_back_the_same_unused_guarantee() -> None:
-    """Found replaying a synthetic trace: a queue owed 16 GPUs had two gangs of 16
+    """Found replaying a synthetic trace: a queue owed 41 GPUs had two gangs of 32
     waiting, and both took back borrowers' nodes in one cycle, each as if the other did
     not; the queue then ran beyond its guarantee, the lender was owed in turn and took
-    it back, and a chain of reclaims threw away hours of work. A job that preempts
-    counts against its queue's guarantee from then on, while its victims stop too."""
+    it back, and a chain of reclaims threw away hours of work. Here c is owed 16 and two
+    gangs of 16 wait. A job that preempts counts against its queue's guarantee from then
+    on, while its victims stop too."""
     cluster, runs = owed_twice()
     pending = [
         job("c1", "c", gpu=8, replicas=2, submit=NOW - 120),
@@ -303,7 +304,7 @@ def test_two_jobs_of_a_queue_do_not_each_take_back_the_same_unused_guarantee() -
 def test_a_job_that_preempts_its_own_queues_job_leaves_the_rest_of_the_guarantee() -> None:
     # c runs 8 GPUs of a low class on its own and is owed 16 more. Its high job takes the
     # low one's place (within its queue): c's guarantee after that is what it was, so
-    # the next job still takes back one of a's borrowed nodes.
+    # the next job, a gang of 16, still takes back two of a's borrowed nodes.
     cluster, runs = owed_twice()
     runs[0] = running("c-low", "c", "a100-00", gpu=8, prio="experiment")
     pending = [
