@@ -663,6 +663,46 @@ def test_a_gang_moves_its_own_queues_small_jobs_to_get_whole_nodes() -> None:
     assert codes(decisions) == {"gang": "waiting_for_preemption"}
 
 
+def borrowed_gang(*, gang_ran: float, small_ran: float) -> tuple[Cluster, list[RunningJob]]:
+    """Five 8-GPU nodes. ``a`` (24 guaranteed) holds a 1-GPU job on each of a100-00 and
+    -01, started ``small_ran`` seconds ago; ``b`` (8 guaranteed) runs a gang of two
+    whole nodes, a100-02 and -03, started ``gang_ran`` seconds ago: it borrows 8 GPUs;
+    ``c`` (8 guaranteed) holds 4 GPUs on a100-04. No node is whole."""
+    cluster = (
+        ClusterBuilder()
+        .pool("a100", nodes=5)
+        .leaf("a", quota={"a100": {"gpu": 24}})
+        .leaf("b", quota={"a100": {"gpu": 8}})
+        .leaf("c", quota={"a100": {"gpu": 8}})
+        .build()
+    )
+    runs = [running(f"a{n}", "a", f"a100-0{n}", start=NOW - small_ran) for n in range(2)]
+    runs += [running("b-gang", "b", {"a100-02": 8, "a100-03": 8}, gpu=8, start=NOW - gang_ran)]
+    runs += [running("c-own", "c", "a100-04", gpu=4, start=NOW - 7200)]
+    return cluster, runs
+
+
+def test_a_gang_moves_its_own_small_jobs_rather_than_throw_away_a_long_run_gang() -> None:
+    # a's gang of two whole nodes is owed its guarantee (2 + 16 <= 24). Taking back b's
+    # gang would free two nodes, but throw away 16 GPUs x 5 hours of work; moving a's
+    # two 1-GPU jobs (run 10 minutes) to a100-04 frees a100-00 and -01 for 2 GPUs x 10
+    # minutes. The set that loses less is taken: b's gang runs on.
+    cluster, runs = borrowed_gang(gang_ran=5 * 3600, small_ran=600)
+    decisions = cycle(cluster, [job("gang", "a", gpu=8, replicas=2)], runs)
+    (preempt,) = decisions.preemptions
+    assert {v.job: v.cause for v in preempt.victims} == {"a0": "move", "a1": "move"}
+    assert codes(decisions) == {"gang": "waiting_for_preemption"}
+
+
+def test_a_gang_takes_back_a_borrowers_gang_that_loses_less_than_moves_would() -> None:
+    # The same, but b's gang started a minute ago and a's small jobs have run five
+    # hours: taking b's gang back loses less, and a's jobs stay where they are.
+    cluster, runs = borrowed_gang(gang_ran=60, small_ran=5 * 3600)
+    decisions = cycle(cluster, [job("gang", "a", gpu=8, replicas=2)], runs)
+    (preempt,) = decisions.preemptions
+    assert {v.job: v.cause for v in preempt.victims} == {"b-gang": "reclaim"}
+
+
 def fragmented_owner() -> tuple[Cluster, list[RunningJob]]:
     """Pool v100, two 4-GPU nodes, is b's (8 guaranteed): b holds 2 GPUs on each node,
     the one on v100-01 started a minute ago. Pool a100 (one 8-GPU node) is a's and full.

@@ -8,8 +8,9 @@ with every borrower gone, and its queue stays short of its guarantee until enoug
 those small jobs end on one node. Where the victim rule allows moves
 (:meth:`~allotment.scheduler.victims.VictimRule.may_move`: other queues hold part of
 the guarantee, or one is about to, :mod:`allotment.scheduler.borrower_turn`), a job
-owed its guarantee in a pool whose ordinary victim search failed may also take, from
-the node each of its replicas needs, its own queue's running one-replica jobs of a
+owed its guarantee in a pool whose ordinary victim search failed (or found only a set
+that throws a gang back and loses more than twice the work of the moves) may also take,
+from the node each of its replicas needs, its own queue's running one-replica jobs of a
 priority no higher than its own (cause ``move``), each only if it fits again at once on
 another node of the same pool that no replica takes (where borrowers may be reclaimed to
 make room for it, or one more level of such moves made: a moved job may take the room
