@@ -686,7 +686,7 @@ def test_a_gang_moves_its_own_small_jobs_rather_than_throw_away_a_long_run_gang(
     # a's gang of two whole nodes is owed its guarantee (2 + 16 <= 24). Taking back b's
     # gang would free two nodes, but throw away 16 GPUs x 5 hours of work; moving a's
     # two 1-GPU jobs (run 10 minutes) to a100-04 frees a100-00 and -01 for 2 GPUs x 10
-    # minutes. The set that loses less is taken: b's gang runs on.
+    # minutes, far less than half as much: the moves are taken, and b's gang runs on.
     cluster, runs = borrowed_gang(gang_ran=5 * 3600, small_ran=600)
     decisions = cycle(cluster, [job("gang", "a", gpu=8, replicas=2)], runs)
     (preempt,) = decisions.preemptions
